@@ -1,0 +1,27 @@
+# Two entry points on a fresh machine: `make run` (the paper reproduction) and `make test`.
+PY := .venv/bin/python
+PIP := .venv/bin/pip
+
+.PHONY: run test lint clean
+
+.venv/.installed: pyproject.toml
+	python3 -m venv .venv
+	$(PIP) install -q --upgrade pip
+	# The CPU build of torch lies on this machine's disk; a looser request pulls a CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+run: .venv/.installed
+	.venv/bin/posleak fetch all
+	.venv/bin/posleak paper --quick --out runs/paper
+
+test: .venv/.installed
+	.venv/bin/ruff check posleak tests benchmarks
+	$(PY) -m pytest -q -ra
+
+lint: .venv/.installed
+	.venv/bin/ruff check posleak tests benchmarks
+
+clean:
+	rm -rf .venv runs

@@ -1,0 +1,197 @@
+"""posleak's attention function, registered with transformers' `AttentionInterface` as "posleak".
+
+Every model posleak analyses (registry checkpoints and lab models) runs its attention through
+`posleak_attention`. It receives the model's own post-RoPE q and k, so RoPE is never re-derived. It
+builds the causal / sliding / prefix mask itself from the layer's structure (transformers builds no
+mask for an implementation it does not know), and when a `CaptureSession` is active it hands the
+call to the session's streaming accumulators. No T×T tensor outlives the call.
+
+Three ways to compute one call, chosen per call:
+- no session, plain softmax: `F.scaled_dot_product_attention` (what training and plain use run);
+- session, softmax without soft-cap: torch's CPU flash kernel, which also returns log Z_i;
+- soft-cap, sigmoid normalisation, or a learned sink while training: the logits are
+  materialised one block of queries at a time (`attend_materialised`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface, PreTrainedModel
+
+from posleak.capture.masks import MaskSpec
+from posleak.capture.session import AttentionCall, active_session, soft_cap
+from posleak.errors import PosleakError
+
+IMPLEMENTATION = "posleak"
+# Materialise at most this many logits at once (B·H·block·T) in the block-wise path.
+_BLOCK_ELEMENTS = 1 << 24
+
+
+def use_posleak_attention(model: PreTrainedModel) -> PreTrainedModel:
+    """Register the function (idempotent) and switch `model` to it."""
+    AttentionInterface.register(IMPLEMENTATION, posleak_attention)
+    model.set_attn_implementation(IMPLEMENTATION)
+    return model
+
+
+def posleak_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """The AttentionInterface signature: q (B, H, T, D), k and v (B, KV, T, D) → (B, T, H, Dv)."""
+    if attention_mask is not None:
+        raise PosleakError(
+            "posleak's attention builds its own causal and window masks; pass unpadded input_ids "
+            "without an attention mask"
+        )
+    if query.shape[-2] != key.shape[-2]:
+        raise PosleakError("posleak analyses whole sequences in one forward; disable the KV cache (use_cache=False)")
+    session = active_session()
+    scaling = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+    norm = str(kwargs.get("posleak_norm", "softmax"))
+    spec = MaskSpec(
+        causal=bool(getattr(module, "is_causal", True)),
+        window=sliding_window,
+        prefix=int(kwargs.get("posleak_prefix", 0) or 0),
+    )
+    groups = query.shape[1] // key.shape[1]
+    key = key.repeat_interleave(groups, dim=1) if groups > 1 else key
+    value = value.repeat_interleave(groups, dim=1) if groups > 1 else value
+    dropout = dropout if module.training else 0.0
+
+    if session is None:
+        output = _attend_uncaptured(query, key, value, spec, scaling, dropout, softcap, s_aux, norm)
+        return output.transpose(1, 2).contiguous(), None
+
+    layer = int(module.layer_idx)
+    spec = session.edits.mask_for(spec)
+    value = session.edits.edit_values(layer, value)
+    with_keys = norm == "softmax" and session.needs_attended_keys
+    if softcap is None and norm == "softmax":
+        if with_keys:
+            # The flash kernel wants one head size: zero-padding q and k keeps every logit.
+            pad = (0, value.shape[-1])
+            out, log_z_keys = _attend_flash(
+                F.pad(query, pad), F.pad(key, pad), torch.cat([value, key], dim=-1), spec, scaling
+            )
+        else:
+            out, log_z_keys = _attend_flash(query, key, value, spec, scaling)
+    else:
+        values_in = torch.cat([value, key], dim=-1) if with_keys else value
+        out, log_z_keys = attend_materialised(query, key, values_in, spec, scaling, softcap, None, norm)
+    out, log_z = _with_sink(out, log_z_keys, s_aux)
+    output, attended_keys = (out[..., : value.shape[-1]], out[..., value.shape[-1] :]) if with_keys else (out, None)
+    session.record(
+        AttentionCall(
+            layer=layer,
+            query=query,
+            key=key,
+            value=value,
+            scaling=scaling,
+            softcap=softcap,
+            sink=None if s_aux is None else s_aux.detach().float(),
+            norm=norm,
+            mask=spec,
+            log_z=log_z,
+            log_z_keys=log_z_keys,
+            output=output,
+            attended_keys=attended_keys,
+            sequence_index=session.sequence_index,
+        )
+    )
+    return output.transpose(1, 2).contiguous(), None
+
+
+def _attend_uncaptured(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    spec: MaskSpec,
+    scaling: float,
+    dropout: float,
+    softcap: float | None,
+    sink: torch.Tensor | None,
+    norm: str,
+) -> torch.Tensor:
+    if softcap is None and sink is None and norm == "softmax":
+        seq_len = query.shape[-2]
+        mask = None if spec.plain_causal or not spec.restricts(seq_len) else spec.dense(seq_len, query.device)
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout, is_causal=spec.plain_causal, scale=scaling
+        )
+    out, _ = attend_materialised(query, key, value, spec, scaling, softcap, sink, norm)
+    return out
+
+
+def _attend_flash(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, spec: MaskSpec, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's CPU flash kernel: the output and the log-sum-exp of each query's valid logits."""
+    seq_len = query.shape[-2]
+    mask = (
+        None if spec.plain_causal or not spec.restricts(seq_len) else spec.additive(seq_len, query.dtype, query.device)
+    )
+    out, log_z = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query.contiguous(), key.contiguous(), value.contiguous(), 0.0, spec.plain_causal, attn_mask=mask, scale=scaling
+    )
+    return out, log_z
+
+
+def _with_sink(
+    out: torch.Tensor, log_z_keys: torch.Tensor, sink: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fold a learned per-head sink logit into the normaliser: the keys' weights shrink by Z_keys/Z."""
+    if sink is None:
+        return out, log_z_keys
+    log_z = torch.logaddexp(log_z_keys, sink.to(log_z_keys.dtype)[None, :, None])
+    return out * torch.exp(log_z_keys - log_z).unsqueeze(-1), log_z
+
+
+def attend_materialised(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    spec: MaskSpec,
+    scaling: float,
+    softcap: float | None,
+    sink: torch.Tensor | None,
+    norm: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention with the logits formed one block of queries at a time; differentiable.
+
+    Returns the output and log Z_i (including the sink logit; 0 for sigmoid normalisation, whose
+    weights are not normalised).
+    """
+    batch, heads, seq_len, _ = query.shape
+    block = max(1, _BLOCK_ELEMENTS // max(1, batch * heads * seq_len))
+    valid = spec.dense(seq_len, query.device)
+    outs, log_zs = [], []
+    for q0 in range(0, seq_len, block):
+        q1 = min(seq_len, q0 + block)
+        logits = soft_cap(query[:, :, q0:q1] @ key.transpose(-1, -2) * scaling, softcap)
+        logits = logits.masked_fill(~valid[q0:q1], float("-inf"))
+        if norm == "sigmoid":
+            weights = torch.sigmoid(logits)
+            log_z = torch.zeros(logits.shape[:-1], dtype=logits.dtype, device=logits.device)
+        elif norm == "softmax":
+            log_z = torch.logsumexp(logits, dim=-1)
+            if sink is not None:
+                log_z = torch.logaddexp(log_z, sink.to(log_z.dtype)[None, :, None])
+            weights = torch.exp(logits - log_z.unsqueeze(-1))
+        else:
+            raise ValueError(f"unknown attention normalisation {norm!r}; use softmax or sigmoid")
+        outs.append(weights @ value)
+        log_zs.append(log_z)
+    return torch.cat(outs, dim=-2), torch.cat(log_zs, dim=-1)

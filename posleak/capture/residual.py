@@ -1,0 +1,107 @@
+"""Residual-stream capture with forward hooks, and the closed-system check of DESIGN.md §3.3.
+
+Naming: resid[0] is the embedding module's output (after any scale the model applies inside it,
+as Gemma's √d_model), resid[l] for l ≥ 1 is the output of decoder block l − 1, before the final
+norm. These are the hidden states h^(l) of DESIGN.md; L blocks give L + 1 entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from posleak.errors import PosleakError
+
+# Relative tolerance of "identical": float reductions may be blocked differently for different
+# batch shapes, so position 0 can differ in the last bits even though nothing reaches it.
+CLOSED_SYSTEM_RTOL = 1e-5
+
+
+def decoder_layers(model: PreTrainedModel) -> nn.ModuleList:
+    """The decoder blocks, in order, of any transformers causal LM posleak supports."""
+    layers = getattr(model.base_model, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise PosleakError(f"{type(model).__name__}: cannot find its decoder layers (expected base_model.layers)")
+    return layers
+
+
+class ResidualCapture:
+    """Keeps h_i^(l) at `positions` for `layers` (indices into resid, default all) over every forward
+    run inside the `with` block. `states()` gives a tensor (layers, N, positions, d)."""
+
+    def __init__(
+        self, model: PreTrainedModel, positions: Sequence[int] = (0,), layers: Sequence[int] | None = None
+    ) -> None:
+        self.model = model
+        self.positions = list(positions)
+        num_blocks = len(decoder_layers(model))
+        self.layers = list(range(num_blocks + 1)) if layers is None else list(layers)
+        self._kept: dict[int, list[torch.Tensor]] = {layer: [] for layer in self.layers}
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    def __enter__(self) -> ResidualCapture:
+        modules = [self.model.get_input_embeddings(), *decoder_layers(self.model)]
+        for layer in self.layers:
+            self._handles.append(modules[layer].register_forward_hook(self._hook(layer)))
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _hook(self, layer: int):
+        def keep(module: nn.Module, inputs: object, output: object) -> None:
+            hidden = output[0] if isinstance(output, tuple) else output
+            self._kept[layer].append(hidden[:, self.positions].detach().float().clone())
+
+        return keep
+
+    def states(self) -> torch.Tensor:
+        return torch.stack([torch.cat(self._kept[layer]) for layer in self.layers])
+
+
+@dataclass
+class ClosedSystemReport:
+    """Largest relative spread of h_0^(l) among inputs sharing the token at position 0, per layer."""
+
+    max_rel_spread: torch.Tensor  # (layers,)
+    groups: int  # distinct position-0 tokens that had ≥ 2 inputs
+
+    @property
+    def holds(self) -> bool:
+        return bool((self.max_rel_spread <= CLOSED_SYSTEM_RTOL).all())
+
+
+def closed_system(pos0_states: torch.Tensor, pos0_tokens: torch.Tensor) -> ClosedSystemReport:
+    """pos0_states (layers, N, d): h_0^(l) per input; pos0_tokens (N,): the token at position 0."""
+    spread = torch.zeros(pos0_states.shape[0], dtype=torch.float64)
+    groups = 0
+    for token in pos0_tokens.unique():
+        rows = pos0_states[:, pos0_tokens == token].double()
+        if rows.shape[1] < 2:
+            continue
+        groups += 1
+        deviation = (rows - rows[:, :1]).abs().amax(dim=(1, 2))
+        scale = rows.abs().amax(dim=(1, 2)).clamp_min(1e-30)
+        spread = torch.maximum(spread, deviation / scale)
+    return ClosedSystemReport(max_rel_spread=spread, groups=groups)
+
+
+def require_closed_system(report: ClosedSystemReport) -> None:
+    """Raise naming the first layer where position 0 saw later tokens: a non-causal model or a bug."""
+    if report.holds:
+        return
+    bad = int((report.max_rel_spread > CLOSED_SYSTEM_RTOL).nonzero()[0])
+    raise PosleakError(
+        f"closed-system check failed at resid[{bad}]: h_0 differs by {report.max_rel_spread[bad]:.3g} (relative) "
+        "between inputs sharing the token at position 0, so position 0 sees later tokens; the model or "
+        "its attention mask is not causal"
+    )

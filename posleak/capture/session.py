@@ -1,0 +1,156 @@
+"""A capture session: what the attention function hands to accumulators, and the edits it applies.
+
+`CaptureSession.forward(model, ids, sequence_index)` runs one batch with the session active; each
+attention call builds an `AttentionCall` (the layer's real q, k, v, its mask structure and log Z)
+and passes it to every accumulator's `update`. Accumulators reduce it to small tensors and drop it,
+so nothing of size T×T per head survives the layer.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import torch
+from transformers import PreTrainedModel
+
+from posleak.capture.masks import MaskSpec
+
+_ACTIVE: ContextVar[CaptureSession | None] = ContextVar("posleak_capture_session", default=None)
+
+
+def active_session() -> CaptureSession | None:
+    return _ACTIVE.get()
+
+
+def soft_cap(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """Gemma 2-style logit soft-capping, c·tanh(s/c); the identity when the model has none."""
+    return logits if softcap is None else softcap * torch.tanh(logits / softcap)
+
+
+@dataclass
+class AttentionCall:
+    """One layer's attention on one batch, as the model computed it (query heads, GQA expanded)."""
+
+    layer: int
+    query: torch.Tensor  # (B, H, T, D), post-RoPE
+    key: torch.Tensor  # (B, H, T, D), post-RoPE
+    value: torch.Tensor  # (B, H, T, Dv), after any value edit
+    scaling: float
+    softcap: float | None
+    sink: torch.Tensor | None  # (H,) learned sink logits, where the model has them
+    norm: str  # "softmax" or "sigmoid"
+    mask: MaskSpec
+    log_z: torch.Tensor  # (B, H, T): log Z_i over the valid keys plus the sink logit (0 for sigmoid)
+    log_z_keys: torch.Tensor  # (B, H, T): log Z_i over the valid keys alone
+    output: torch.Tensor  # (B, H, T, Dv)
+    attended_keys: torch.Tensor | None  # (B, H, T, D): Σ_j a_ij k_j, when an accumulator asked for it
+    sequence_index: torch.Tensor  # (B,) position of each row in the input order
+
+    @property
+    def seq_len(self) -> int:
+        return self.query.shape[-2]
+
+    def logits(self, q0: int, q1: int) -> torch.Tensor:
+        """The pre-softmax logits s_ij of queries q0..q1−1, shape (B, H, q1−q0, T), −inf where invalid."""
+        block = soft_cap(self.query[:, :, q0:q1] @ self.key.transpose(-1, -2) * self.scaling, self.softcap)
+        return block.masked_fill(~self.mask.dense(self.seq_len, block.device)[q0:q1], float("-inf"))
+
+    def key0_logits(self) -> torch.Tensor:
+        """s_{i,0} for every query, shape (B, H, T), −inf where key 0 is outside the query's mask."""
+        logits = soft_cap((self.query @ self.key[:, :, :1].transpose(-1, -2)).squeeze(-1) * self.scaling, self.softcap)
+        valid = self.mask.dense(self.seq_len, logits.device)[:, 0]
+        return logits.masked_fill(~valid, float("-inf"))
+
+    def attention_on_key0(self) -> torch.Tensor:
+        """a_{i,0}, shape (B, H, T); for sigmoid normalisation the (unnormalised) gate on key 0."""
+        if self.norm == "sigmoid":
+            return torch.sigmoid(self.key0_logits())
+        return torch.exp(self.key0_logits() - self.log_z)
+
+
+class Accumulator(Protocol):
+    """Reduces attention calls to small running sums. `needs_attended_keys` asks the attention
+    function to return Σ_j a_ij k_j too (one flash call with [v | k] as values)."""
+
+    needs_attended_keys: bool
+
+    def update(self, call: AttentionCall) -> None: ...
+
+
+@dataclass
+class AttentionEdits:
+    """Declared changes to what attention computes (DESIGN.md §3.4), applied in every layer.
+
+    window: None keeps the model's windows, an int gives every layer that window, "global" removes them.
+    ablate_key0: layer → heads whose value vector at key 0 is replaced ("zero" or the "mean" of the
+    other keys' values in that sequence and head).
+    """
+
+    window: int | Literal["global"] | None = None
+    ablate_key0: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    ablate_mode: Literal["zero", "mean"] = "zero"
+
+    def mask_for(self, spec: MaskSpec) -> MaskSpec:
+        if self.window is None:
+            return spec
+        window = None if self.window == "global" else int(self.window)
+        return MaskSpec(causal=spec.causal, window=window, prefix=spec.prefix)
+
+    def edit_values(self, layer: int, value: torch.Tensor) -> torch.Tensor:
+        heads = self.ablate_key0.get(layer)
+        if not heads:
+            return value
+        value = value.clone()
+        index = torch.tensor(heads, device=value.device)
+        if self.ablate_mode == "zero":
+            value[:, index, 0] = 0.0
+        else:
+            value[:, index, 0] = value[:, index, 1:].mean(dim=-2)
+        return value
+
+
+class CaptureSession:
+    """Runs batches with posleak's attention function reporting to `accumulators`."""
+
+    def __init__(self, accumulators: Sequence[Accumulator] = (), edits: AttentionEdits | None = None) -> None:
+        self.accumulators = list(accumulators)
+        self.edits = edits or AttentionEdits()
+        self.calls: Counter[int] = Counter()  # attention calls seen per layer: proof the path ran
+        self.sequence_index = torch.zeros(0, dtype=torch.long)
+
+    @property
+    def needs_attended_keys(self) -> bool:
+        return any(acc.needs_attended_keys for acc in self.accumulators)
+
+    def record(self, call: AttentionCall) -> None:
+        self.calls[call.layer] += 1
+        for acc in self.accumulators:
+            acc.update(call)
+
+    @contextmanager
+    def active(self, sequence_index: torch.Tensor) -> Iterator[CaptureSession]:
+        self.sequence_index = sequence_index
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        model: PreTrainedModel,
+        input_ids: torch.Tensor,
+        sequence_index: torch.Tensor | None = None,
+        **kwargs: object,
+    ) -> object:
+        """One forward of the base model (no LM head: analysis never needs the logits)."""
+        if sequence_index is None:
+            sequence_index = torch.arange(input_ids.shape[0])
+        with self.active(sequence_index):
+            return model.base_model(input_ids=input_ids, use_cache=False, **kwargs)

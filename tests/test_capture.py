@@ -1,0 +1,180 @@
+"""The instrumented attention path against transformers' own eager attention, on tiny models.
+
+Parity: every hidden state and the logits match eager to 1e-5 with posleak's function, and the
+session's call counter proves that function ran. Accumulators: log Z, a_{i,0} and entropy equal the
+values computed from the logits and weights that HF's eager function itself formed (recorded by a
+wrapper around the model family's `eager_attention_forward`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import torch
+from tiny import FAMILIES, WINDOW, tiny_model
+
+from posleak.capture import (
+    AttentionEdits,
+    CaptureSession,
+    QueryStats,
+    ResidualCapture,
+    closed_system,
+    decoder_layers,
+    require_closed_system,
+    use_posleak_attention,
+)
+from posleak.errors import PosleakError
+
+T = 3 * WINDOW  # longer than every sliding window
+
+
+def _ids(model: torch.nn.Module, batch: int = 2, seq_len: int = T, seed: int = 1) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, model.config.vocab_size, (batch, seq_len), generator=gen)
+
+
+def _eager(model: torch.nn.Module, ids: torch.Tensor):
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        return model(ids, output_hidden_states=True, use_cache=False)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hidden_states_and_logits_match_eager(family: str) -> None:
+    model = tiny_model(family)
+    ids = _ids(model)
+    reference = _eager(model, ids)
+    use_posleak_attention(model)
+    session = CaptureSession([QueryStats()])
+    with session.active(torch.arange(ids.shape[0])), torch.no_grad():
+        ours = model(ids, output_hidden_states=True, use_cache=False)
+    layers = model.config.num_hidden_layers
+    assert dict(session.calls) == {layer: 1 for layer in range(layers)}, "posleak's attention did not run"
+    assert len(ours.hidden_states) == layers + 1
+    for layer, (a, b) in enumerate(zip(reference.hidden_states, ours.hidden_states, strict=True)):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=f"hidden state {layer}")
+    torch.testing.assert_close(ours.logits, reference.logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_uncaptured_path_matches_eager(family: str) -> None:
+    """Without a session the function takes torch's SDPA (or the block-wise path): same numbers."""
+    model = tiny_model(family)
+    ids = _ids(model)
+    reference = _eager(model, ids)
+    use_posleak_attention(model)
+    with torch.no_grad():
+        ours = model(ids, use_cache=False)
+    torch.testing.assert_close(ours.logits, reference.logits, rtol=1e-5, atol=1e-5)
+
+
+@contextmanager
+def _record_eager(model: torch.nn.Module) -> Iterator[list[dict[str, torch.Tensor]]]:
+    """Wrap the family's eager attention function to keep what it formed: logits and weights."""
+    modeling = importlib.import_module(type(model).__module__)
+    original = modeling.eager_attention_forward
+    records: list[dict[str, torch.Tensor]] = []
+
+    def recording(module, query, key, value, attention_mask, **kwargs):
+        output, weights = original(module, query, key, value, attention_mask, **kwargs)
+        key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+        logits = query @ key.transpose(-1, -2) * kwargs["scaling"]
+        if kwargs.get("softcap") is not None:
+            logits = kwargs["softcap"] * torch.tanh(logits / kwargs["softcap"])
+        logits = logits + attention_mask
+        sinks = getattr(module, "sinks", None)
+        records.append({"logits": logits, "weights": weights, "sinks": sinks})
+        return output, weights
+
+    modeling.eager_attention_forward = recording
+    try:
+        yield records
+    finally:
+        modeling.eager_attention_forward = original
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_query_stats_equal_eager_materialised_attention(family: str) -> None:
+    model = tiny_model(family)
+    ids = _ids(model)
+    model.set_attn_implementation("eager")
+    with _record_eager(model) as records, torch.no_grad():
+        model(ids, use_cache=False)
+    assert len(records) == model.config.num_hidden_layers
+
+    use_posleak_attention(model)
+    stats = QueryStats()
+    CaptureSession([stats]).forward(model, ids)
+    result = stats.result()
+
+    for layer, rec in enumerate(records):
+        logits, weights = rec["logits"].double(), rec["weights"].double()
+        if rec["sinks"] is not None:
+            sink = rec["sinks"].double()[None, :, None, None].expand(*logits.shape[:-1], 1)
+            logits_all = torch.cat([logits, sink], dim=-1)
+        else:
+            logits_all = logits
+        # the reference logits are the ones eager normalised: softmax reproduces its weights
+        probs = torch.softmax(logits_all, dim=-1)
+        torch.testing.assert_close(probs[..., : weights.shape[-1]], weights, rtol=1e-5, atol=1e-6)
+        log_z = torch.logsumexp(logits_all, dim=-1)
+        entropy = -torch.xlogy(probs, probs).sum(-1)
+        torch.testing.assert_close(result.log_z[layer], log_z.mean(0), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(result.attn_key0[layer], weights[..., 0].mean(0), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(result.entropy[layer], entropy.mean(0), rtol=1e-5, atol=1e-5)
+        sink_score = weights[:, :, 1:, 0].mean(dim=(0, 2))
+        torch.testing.assert_close(result.sink_score[layer], sink_score, rtol=1e-5, atol=1e-6)
+
+
+def test_sliding_window_is_applied() -> None:
+    """Removing Mistral's window changes the output: the mask the function builds is not a no-op."""
+    model = use_posleak_attention(tiny_model("mistral"))
+    ids = _ids(model)
+    states = []
+    for edits in (AttentionEdits(), AttentionEdits(window="global")):
+        session = CaptureSession(edits=edits)
+        states.append(session.forward(model, ids).last_hidden_state)
+    assert not torch.allclose(states[0][:, WINDOW:], states[1][:, WINDOW:], atol=1e-4)
+    torch.testing.assert_close(states[0][:, :WINDOW], states[1][:, :WINDOW], rtol=1e-5, atol=1e-5)
+
+
+def test_padding_mask_is_refused() -> None:
+    model = use_posleak_attention(tiny_model("llama"))
+    ids = _ids(model)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    with pytest.raises(PosleakError, match="unpadded"), torch.no_grad():
+        model(ids, attention_mask=mask[:, None, None, :].float(), use_cache=False)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_position0_is_a_closed_system(family: str) -> None:
+    model = use_posleak_attention(tiny_model(family))
+    ids = _ids(model, batch=4)
+    ids[:, 0] = 7
+    with ResidualCapture(model, positions=[0]) as capture:
+        CaptureSession().forward(model, ids)
+    states = capture.states()[:, :, 0]
+    assert states.shape == (len(decoder_layers(model)) + 1, 4, model.config.hidden_size)
+    report = closed_system(states, ids[:, 0])
+    assert report.groups == 1 and report.holds, report.max_rel_spread
+    # a later position does see the rest of the input
+    with ResidualCapture(model, positions=[5]) as later:
+        CaptureSession().forward(model, ids)
+    assert not closed_system(later.states()[:, :, 0], ids[:, 0]).holds
+
+
+def test_closed_system_check_catches_a_non_causal_model() -> None:
+    model = use_posleak_attention(tiny_model("llama"))
+    for layer in decoder_layers(model):
+        layer.self_attn.is_causal = False
+    ids = _ids(model, batch=3)
+    ids[:, 0] = 5
+    with ResidualCapture(model, positions=[0]) as capture:
+        CaptureSession().forward(model, ids)
+    report = closed_system(capture.states()[:, :, 0], ids[:, 0])
+    with pytest.raises(PosleakError, match=r"closed-system check failed at resid\[1\]"):
+        require_closed_system(report)

@@ -1,0 +1,63 @@
+"""Tiny randomly initialised models of each supported family, built in code (no download)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    GptOssConfig,
+    GptOssForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+WINDOW = 16  # tests run at lengths longer than this so that sliding windows act
+_COMMON = dict(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
+
+
+def tiny_model(family: str, seed: int = 0) -> PreTrainedModel:
+    """A float32, eval-mode model of `family` with random weights (seeded)."""
+    torch.manual_seed(seed)
+    if family == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**_COMMON))
+    elif family == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**_COMMON))
+    elif family == "mistral":
+        model = MistralForCausalLM(MistralConfig(**_COMMON, sliding_window=WINDOW))
+    elif family == "gemma3":
+        layer_types = ["sliding_attention", "sliding_attention", "full_attention"]
+        model = Gemma3ForCausalLM(
+            Gemma3TextConfig(**_COMMON, head_dim=32, sliding_window=WINDOW, layer_types=layer_types)
+        )
+    elif family == "gemma2":  # soft-capped logits
+        model = Gemma2ForCausalLM(
+            Gemma2Config(**_COMMON, head_dim=16, sliding_window=WINDOW, attn_logit_softcapping=5.0)
+        )
+    elif family == "gpt_oss":  # learned sink logits
+        model = GptOssForCausalLM(
+            GptOssConfig(
+                **{**_COMMON, "num_local_experts": 2, "num_experts_per_tok": 1}, head_dim=16, sliding_window=WINDOW
+            )
+        )
+    else:
+        raise ValueError(family)
+    return model.float().eval()
+
+
+FAMILIES = ["llama", "qwen2", "mistral", "gemma3", "gemma2", "gpt_oss"]
