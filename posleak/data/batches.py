@@ -1,0 +1,246 @@
+"""Token sequences for analysis: windows cut from a corpus under an explicit BOS policy, or a token file.
+
+Documents are tokenised without special tokens and the BOS is added here, so that what sits at
+position 0 is always a decision of the policy and never a side effect of the tokenizer:
+
+- ``on``: every row is BOS + (T − 1) content tokens; an error when the tokenizer has no BOS.
+- ``off``: every row is T content tokens, never a BOS.
+- ``auto``: ``on`` when the tokenizer prepends its BOS by itself (Gemma does), else ``off``
+  (SmolLM2 and Qwen have a BOS token but do not prepend it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+import numpy as np
+import torch
+
+from posleak.data.corpus import Corpus
+from posleak.errors import PosleakError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+BosPolicy = Literal["auto", "on", "off"]
+BOS_POLICIES: tuple[str, ...] = get_args(BosPolicy)
+VERBATIM = "verbatim"
+
+# Any short text serves: only whether the tokenizer puts its BOS in front is looked at.
+_PROBE_TEXT = "Position probe."
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """N sequences of T token ids, with what position 0 holds and where the tokens came from."""
+
+    ids: torch.Tensor  # LongTensor N×T
+    bos_policy: str  # as requested: auto, on, off, or verbatim for a token file
+    bos_id: int | None  # the BOS put at position 0 of every row; None when none was put there
+    pos0_token_ids: torch.Tensor  # LongTensor N: the token actually at position 0 of each row
+    source: str  # corpus fingerprint or SHA-256 of the token file
+    source_name: str  # corpus name or token file path
+    seed: int | None  # the window-selection seed; None for a token file
+    null: str | None = None  # "shift" or "shuffle" when this is a null of another batch
+    null_seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.ids.dim() != 2 or self.ids.dtype != torch.long:
+            raise ValueError(f"TokenBatch.ids must be a 2-D LongTensor, got {self.ids.dtype} {tuple(self.ids.shape)}")
+
+    @property
+    def num_seqs(self) -> int:
+        return self.ids.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        return self.ids.shape[1]
+
+    def provenance(self) -> dict[str, Any]:
+        distinct = torch.unique(self.pos0_token_ids)
+        return {
+            "bos_policy": self.bos_policy,
+            "bos_id": self.bos_id,
+            # One id when every row starts with the same token (a BOS), else how many differ.
+            "pos0_token_id": int(distinct[0]) if len(distinct) == 1 else None,
+            "pos0_distinct_tokens": len(distinct),
+            "seq_len": self.seq_len,
+            "num_seqs": self.num_seqs,
+            "source": self.source,
+            "source_name": self.source_name,
+            "seed": self.seed,
+            "null": self.null,
+            "null_seed": self.null_seed,
+        }
+
+
+def tokenizer_prepends_bos(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether encoding with special tokens puts the tokenizer's BOS in front of the text."""
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        return False
+    with_special = tokenizer(_PROBE_TEXT, add_special_tokens=True)["input_ids"]
+    without = tokenizer(_PROBE_TEXT, add_special_tokens=False)["input_ids"]
+    return bool(with_special) and with_special[0] == bos and without[:1] != [bos]
+
+
+def pos0_token(tokenizer: PreTrainedTokenizerBase, policy: BosPolicy) -> int | None:
+    """The BOS id a policy puts at position 0, or None when position 0 holds the first content token."""
+    if policy not in BOS_POLICIES:
+        raise PosleakError(f"unknown BOS policy '{policy}'; use one of {', '.join(BOS_POLICIES)}")
+    bos = tokenizer.bos_token_id
+    if policy == "on" and bos is None:
+        raise PosleakError(
+            f"BOS requested (bos=on) but tokenizer {type(tokenizer).__name__} has no BOS token; use bos=off or auto"
+        )
+    if policy == "on" or (policy == "auto" and tokenizer_prepends_bos(tokenizer)):
+        return bos
+    return None
+
+
+def make_sequences(
+    corpus: Corpus,
+    tokenizer: PreTrainedTokenizerBase,
+    seq_len: int,
+    num_seqs: int,
+    bos: BosPolicy = "auto",
+    seed: int = 0,
+    cross_documents: bool = False,
+    max_len: int | None = None,
+) -> TokenBatch:
+    """`num_seqs` rows of `seq_len` tokens: non-overlapping windows of the corpus, picked by `seed`.
+
+    Each document gives as many windows as it holds whole (its tail is dropped), so no window
+    crosses a document boundary unless `cross_documents`, where the documents form one stream
+    joined by the tokenizer's EOS. A larger `num_seqs` with the same seed extends the smaller set.
+    """
+    _check_shape(seq_len, num_seqs, max_len)
+    bos_id = pos0_token(tokenizer, bos)
+    content_len = seq_len - (bos_id is not None)
+    streams = _token_streams(corpus, tokenizer, cross_documents)
+    doc_index, starts = _windows(streams, content_len)
+    if len(starts) < num_seqs:
+        raise _too_short(corpus, streams, seq_len, len(starts), cross_documents)
+    generator = torch.Generator().manual_seed(seed)
+    chosen = torch.randperm(len(starts), generator=generator)[:num_seqs].numpy()
+    rows = [streams[doc_index[k]][starts[k] : starts[k] + content_len] for k in chosen]
+    ids = torch.tensor(rows, dtype=torch.long).reshape(num_seqs, content_len)
+    if bos_id is not None:
+        ids = torch.cat([torch.full((num_seqs, 1), bos_id, dtype=torch.long), ids], dim=1)
+    return TokenBatch(
+        ids=ids,
+        bos_policy=bos,
+        bos_id=bos_id,
+        pos0_token_ids=ids[:, 0].clone(),
+        source=corpus.fingerprint,
+        source_name=corpus.name,
+        seed=seed,
+    )
+
+
+def _check_shape(seq_len: int, num_seqs: int, max_len: int | None) -> None:
+    # Position 0 alone says nothing about position; every measurement needs a query i ≥ 1.
+    if seq_len < 2:
+        raise PosleakError(f"sequence length {seq_len} is too short; use a seq_len of at least 2")
+    if num_seqs < 1:
+        raise PosleakError(f"number of sequences {num_seqs} is below 1; ask for at least one sequence")
+    if max_len is not None and seq_len > max_len:
+        raise PosleakError(
+            f"sequence length {seq_len} is longer than the model allows ({max_len} positions); "
+            f"lower seq_len to at most {max_len}"
+        )
+
+
+def _token_streams(corpus: Corpus, tokenizer: PreTrainedTokenizerBase, cross_documents: bool) -> list[list[int]]:
+    # split_special_tokens: text that spells a special token ("<bos>" in a document) stays text, so
+    # a BOS id appears only where the policy puts one. verbose=False: a document longer than the
+    # model's maximum is fine here, it is cut into windows.
+    encoded = tokenizer(list(corpus.documents), add_special_tokens=False, split_special_tokens=True, verbose=False)
+    streams = encoded["input_ids"]
+    if not cross_documents:
+        return streams
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise PosleakError(
+            f"cross_documents needs an EOS token between documents and tokenizer {type(tokenizer).__name__} "
+            "has none; keep documents separate"
+        )
+    joined: list[int] = []
+    for k, stream in enumerate(streams):
+        joined.extend([eos] * (k > 0) + stream)
+    return [joined]
+
+
+def _windows(streams: list[list[int]], length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(document index, start) of every whole, non-overlapping window, in document order."""
+    counts = np.array([len(stream) // length for stream in streams], dtype=np.int64)
+    doc_index = np.repeat(np.arange(len(streams)), counts)
+    first_of_doc = np.repeat(np.cumsum(counts) - counts, counts)
+    starts = (np.arange(int(counts.sum())) - first_of_doc) * length
+    return doc_index, starts
+
+
+def _too_short(
+    corpus: Corpus, streams: list[list[int]], seq_len: int, available: int, cross_documents: bool
+) -> PosleakError:
+    longest = max((len(stream) for stream in streams), default=0)
+    where, crossing = ("", "") if cross_documents else (" without crossing documents", ", cross documents")
+    return PosleakError(
+        f"corpus '{corpus.name}' holds only {available} sequences of {seq_len} tokens{where} "
+        f"(its longest document has {longest} tokens); lower num_seqs to at most {available}, "
+        f"lower seq_len{crossing} or use a larger corpus"
+    )
+
+
+def load_token_file(path: str | Path, vocab_size: int | None = None, max_len: int | None = None) -> TokenBatch:
+    """A `.npy` integer array N×T taken verbatim: no BOS added or removed, no windows chosen."""
+    path = Path(path)
+    if not path.is_file():
+        raise PosleakError(f"token file '{path}' does not exist; pass a .npy file of token ids (N×T)")
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as err:
+        raise PosleakError(
+            f"token file '{path}' is not a readable .npy array ({err}); save it with numpy.save"
+        ) from err
+    _check_token_array(path, array, vocab_size)
+    _check_shape(array.shape[1], array.shape[0], max_len)
+    ids = torch.from_numpy(array.astype(np.int64))
+    return TokenBatch(
+        ids=ids,
+        bos_policy=VERBATIM,
+        bos_id=None,
+        pos0_token_ids=ids[:, 0].clone(),
+        source=hashlib.sha256(path.read_bytes()).hexdigest(),
+        source_name=str(path),
+        seed=None,
+    )
+
+
+def _check_token_array(path: Path, array: np.ndarray, vocab_size: int | None) -> None:
+    if array.ndim != 2:
+        raise PosleakError(f"token file '{path}' has shape {array.shape}; save a 2-D array N×T of token ids")
+    if not np.issubdtype(array.dtype, np.integer):
+        raise PosleakError(f"token file '{path}' has dtype {array.dtype}; save integer token ids (int32 or int64)")
+    if array.size == 0:
+        raise PosleakError(f"token file '{path}' is empty (shape {array.shape}); save at least one sequence")
+    low, high = int(array.min()), int(array.max())
+    limit = vocab_size if vocab_size is not None else np.iinfo(np.int64).max
+    if low < 0 or high >= limit:
+        raise PosleakError(
+            f"token file '{path}' holds ids from {low} to {high}, outside [0, {limit}); "
+            "save ids of this model's vocabulary"
+        )
+
+
+def iter_batches(batch: TokenBatch, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(sequence indices, ids) chunks in input order; the indices feed the split-half noise correction."""
+    if batch_size < 1:
+        raise PosleakError(f"batch size {batch_size} is below 1; use a batch size of at least 1")
+    for start in range(0, batch.num_seqs, batch_size):
+        stop = min(start + batch_size, batch.num_seqs)
+        yield torch.arange(start, stop), batch.ids[start:stop]

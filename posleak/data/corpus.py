@@ -1,0 +1,262 @@
+"""Corpora: named, fingerprinted sequences of documents, chosen by a spec string (DESIGN.md §5).
+
+Specs:
+
+- ``stdlib`` (the default): the English docstrings of Python's standard library modules and of
+  their public classes, functions and methods, at least 400 characters each, one document per
+  module. Offline, deterministic for a given Python build.
+- a ``.txt`` or ``.md`` file (one document), or a folder (every ``.txt``/``.md`` file under it, in
+  sorted order, one document each).
+- ``file.jsonl`` or ``file.jsonl:field``: one JSON object per line, the document in ``field``
+  (default ``text``).
+- ``hf:NAME[:split[:field]]``: a Hugging Face dataset, when the ``datasets`` package is installed
+  (split ``train`` and field ``text`` by default).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import io
+import json
+import sys
+import sysconfig
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from posleak.errors import PosleakError
+
+DEFAULT_CORPUS = "stdlib"
+MIN_DOCSTRING_CHARS = 400
+TEXT_SUFFIXES = (".txt", ".md")
+
+# Modules whose import has side effects (opens a browser, prints, needs a display, installs a
+# readline completer) or that are test suites rather than documented library code.
+_STDLIB_SKIP = frozenset(
+    {"antigravity", "this", "tkinter", "turtle", "turtledemo", "idlelib", "test", "readline", "rlcompleter"}
+)
+
+SPEC_HELP = "pass 'stdlib', a .txt/.md file, a folder of them, a .jsonl file[:field] or hf:NAME[:split[:field]]"
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Documents with a name and a SHA-256 fingerprint of their content (recorded in provenance)."""
+
+    name: str
+    documents: tuple[str, ...]
+    fingerprint: str
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.documents)
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+    @property
+    def num_chars(self) -> int:
+        return sum(len(doc) for doc in self.documents)
+
+    def provenance(self) -> dict[str, Any]:
+        return {
+            "corpus": self.name,
+            "corpus_fingerprint": self.fingerprint,
+            "corpus_documents": len(self.documents),
+            "corpus_chars": self.num_chars,
+        }
+
+
+def fingerprint_documents(documents: tuple[str, ...]) -> str:
+    """SHA-256 over the documents, each length-prefixed so that boundaries count too."""
+    digest = hashlib.sha256()
+    for doc in documents:
+        data = doc.encode("utf-8")
+        digest.update(f"{len(data)}\n".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def make_corpus(name: str, documents: list[str] | tuple[str, ...]) -> Corpus:
+    """A Corpus from in-memory documents; blank documents are dropped (they hold no tokens)."""
+    kept = tuple(doc for doc in documents if doc.strip())
+    if not kept:
+        raise PosleakError(f"corpus '{name}' holds no non-empty documents; {SPEC_HELP} with some text")
+    return Corpus(name=name, documents=kept, fingerprint=fingerprint_documents(kept))
+
+
+def load_corpus(spec: str = DEFAULT_CORPUS) -> Corpus:
+    """The corpus a spec string names (see the module docstring)."""
+    spec = spec.strip()
+    if spec == "stdlib":
+        return stdlib_corpus()
+    if spec.startswith("hf:"):
+        return _hf_corpus(spec)
+    path, field = _split_jsonl_field(spec)
+    if not path.exists():
+        raise PosleakError(f"corpus '{spec}' is neither a known corpus nor an existing path; {SPEC_HELP}")
+    if path.is_dir():
+        return make_corpus(spec, _folder_documents(path))
+    if path.suffix == ".jsonl":
+        return make_corpus(spec, _jsonl_documents(path, field))
+    if path.suffix in TEXT_SUFFIXES:
+        return make_corpus(spec, [_read_text(path)])
+    raise PosleakError(f"corpus file '{path}' has an unsupported suffix '{path.suffix}'; {SPEC_HELP}")
+
+
+@functools.lru_cache(maxsize=1)
+def stdlib_corpus() -> Corpus:
+    """The standard library's docstrings, built once per process."""
+    documents = _stdlib_documents()
+    if not documents:
+        # Happens under `python -OO`, which strips docstrings.
+        raise PosleakError(
+            "the stdlib corpus is empty (docstrings stripped, python -OO?); run without -OO or pass a text corpus"
+        )
+    return make_corpus("stdlib", documents)
+
+
+def _stdlib_documents() -> list[str]:
+    """One document per module: its long docstrings, in order, separated by blank lines.
+
+    A single docstring is a few hundred tokens; grouping by module gives documents long enough for
+    sequences of 512 to 2048 tokens that stay inside one document (the module is one topic).
+    """
+    seen: set[str] = set()
+    documents: list[str] = []
+    for module_name in sorted(sys.stdlib_module_names):
+        if module_name.startswith(("_", "xx")) or module_name in _STDLIB_SKIP:
+            continue
+        kept = []
+        for doc in _module_docstrings(module_name):
+            # Re-exported objects share a docstring; keep its first occurrence in sorted order.
+            if len(doc) >= MIN_DOCSTRING_CHARS and doc not in seen:
+                seen.add(doc)
+                kept.append(doc)
+        if kept:
+            documents.append("\n\n".join(kept))
+    return documents
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence what an import prints or warns (deprecations of old modules, mostly)."""
+    with (
+        warnings.catch_warnings(),
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+    ):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _module_docstrings(module_name: str) -> list[str]:
+    """The cleaned docstrings of a module, its public classes and functions, and their methods."""
+    with _quiet():
+        try:
+            module = importlib.import_module(module_name)
+        except Exception:  # platform modules (winreg on Linux) and optional C extensions
+            return []
+        if not _is_in_stdlib(module):
+            return []
+        raw = [module.__doc__]
+        for name, obj in sorted(vars(module).items()):
+            if name.startswith("_") or not _defined_in(obj, module_name):
+                continue
+            raw.append(obj.__doc__)
+            if inspect.isclass(obj):
+                raw.extend(_method_docstrings(obj))
+    return [inspect.cleandoc(doc) for doc in raw if isinstance(doc, str)]
+
+
+def _is_in_stdlib(module: Any) -> bool:
+    # A site-packages shim can stand in for a stdlib name (setuptools' distutils); built-in modules
+    # have no file.
+    file = getattr(module, "__file__", None)
+    return file is None or Path(file).resolve().is_relative_to(Path(sysconfig.get_paths()["stdlib"]).resolve())
+
+
+def _defined_in(obj: object, module_name: str) -> bool:
+    return (inspect.isclass(obj) or inspect.isroutine(obj)) and getattr(obj, "__module__", None) == module_name
+
+
+def _method_docstrings(cls: type) -> list[str | None]:
+    docs: list[str | None] = []
+    for name, member in sorted(vars(cls).items()):
+        if name.startswith("_"):
+            continue
+        func = member.fget if isinstance(member, property) else getattr(member, "__func__", member)
+        # Other packages patch stdlib classes (transformers adds Logger.warning_once); C methods
+        # carry no __module__.
+        if inspect.isroutine(func) and getattr(func, "__module__", None) in (None, cls.__module__):
+            docs.append(func.__doc__)
+    return docs
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise PosleakError(f"corpus file '{path}' is not UTF-8 ({err.reason}); save it as UTF-8") from err
+
+
+def _folder_documents(folder: Path) -> list[str]:
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+    if not files:
+        raise PosleakError(f"corpus folder '{folder}' holds no .txt or .md files; add some or {SPEC_HELP}")
+    return [_read_text(path) for path in files]
+
+
+def _split_jsonl_field(spec: str) -> tuple[Path, str]:
+    """`file.jsonl:field` → (file.jsonl, field); anything else → (path, "text")."""
+    head, sep, field = spec.rpartition(":")
+    if sep and head.endswith(".jsonl") and field:
+        return Path(head), field
+    return Path(spec), "text"
+
+
+def _jsonl_documents(path: Path, field: str) -> list[str]:
+    documents: list[str] = []
+    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise PosleakError(f"{path}:{number} is not valid JSON ({err.msg}); fix or remove that line") from err
+        if not isinstance(record, dict) or field not in record:
+            keys = sorted(record) if isinstance(record, dict) else []
+            raise PosleakError(f"{path}:{number} has no field '{field}' (keys: {keys}); choose one with '{path}:FIELD'")
+        if not isinstance(record[field], str):
+            raise PosleakError(f"{path}:{number} field '{field}' is not a string; choose a text field")
+        documents.append(record[field])
+    return documents
+
+
+def _hf_corpus(spec: str) -> Corpus:
+    parts = spec.split(":")
+    if len(parts) > 4 or not parts[1]:
+        raise PosleakError(f"corpus spec '{spec}' is malformed; write hf:NAME[:split[:field]]")
+    name = parts[1]
+    split = parts[2] if len(parts) > 2 and parts[2] else "train"
+    field = parts[3] if len(parts) > 3 and parts[3] else "text"
+    if importlib.util.find_spec("datasets") is None:
+        raise PosleakError(f"corpus '{spec}' needs the 'datasets' package; install it: pip install datasets")
+    datasets = importlib.import_module("datasets")
+    try:
+        dataset = datasets.load_dataset(name, split=split)
+    except Exception as err:  # the datasets library raises many types; the user needs the one line
+        raise PosleakError(
+            f"could not load dataset '{name}' split '{split}' ({err}); check the name and split"
+        ) from err
+    if field not in dataset.column_names:
+        raise PosleakError(
+            f"dataset '{name}' has no field '{field}' (fields: {dataset.column_names}); write hf:{name}:{split}:FIELD"
+        )
+    return make_corpus(spec, [text for text in dataset[field] if isinstance(text, str)])

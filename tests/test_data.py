@@ -1,0 +1,370 @@
+"""Tests of posleak.data: corpora, token sequences under each BOS policy, token files and nulls.
+
+The tokenizers are real (Hugging Face `tokenizers` byte-level BPE wrapped in PreTrainedTokenizerFast),
+trained here on a few stdlib docstrings, in the three shapes that matter for position 0: a BOS that
+is prepended (like Gemma), a BOS that is not (like SmolLM2 and Qwen), and no BOS at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+from posleak.data.batches import (
+    TokenBatch,
+    iter_batches,
+    load_token_file,
+    make_sequences,
+    pos0_token,
+    tokenizer_prepends_bos,
+)
+from posleak.data.corpus import Corpus, fingerprint_documents, load_corpus, make_corpus
+from posleak.data.nulls import make_null
+from posleak.errors import PosleakError
+
+SPECIALS = ["<pad>", "<bos>", "<eos>"]
+BOS_ID, EOS_ID = 1, 2
+
+
+@pytest.fixture(scope="module")
+def stdlib() -> Corpus:
+    return load_corpus("stdlib")
+
+
+@pytest.fixture(scope="module")
+def small(stdlib: Corpus) -> Corpus:
+    return make_corpus("small", stdlib.documents[:40])
+
+
+@pytest.fixture(scope="module")
+def trained(stdlib: Corpus) -> str:
+    """A byte-level BPE trained on stdlib docstrings, serialised so each variant gets its own copy."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(stdlib.documents[:40], trainer)
+    return tokenizer.to_str()
+
+
+def _wrap(serialised: str, prepend: bool, **special_tokens: str) -> PreTrainedTokenizerFast:
+    tokenizer = Tokenizer.from_str(serialised)
+    if prepend:
+        tokenizer.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS_ID)])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **special_tokens)
+
+
+@pytest.fixture(scope="module")
+def tokenizers(trained: str) -> dict[str, PreTrainedTokenizerFast]:
+    return {
+        "prepends": _wrap(trained, prepend=True, bos_token="<bos>", eos_token="<eos>"),  # like Gemma
+        "silent": _wrap(trained, prepend=False, bos_token="<bos>", eos_token="<eos>"),  # like SmolLM2
+        "none": _wrap(trained, prepend=False, eos_token="<eos>"),  # no BOS at all
+        "bare": _wrap(trained, prepend=False),  # neither BOS nor EOS
+    }
+
+
+def _streams(corpus: Corpus, tokenizer: PreTrainedTokenizerFast) -> list[list[int]]:
+    """Each document re-tokenised on its own, the reference the batches are checked against."""
+    return [tokenizer.encode(doc, add_special_tokens=False, split_special_tokens=True) for doc in corpus.documents]
+
+
+def _content(batch: TokenBatch) -> torch.Tensor:
+    return batch.ids[:, 1:] if batch.bos_id is not None else batch.ids
+
+
+# Corpora ------------------------------------------------------------------------------------------
+
+
+def test_stdlib_corpus_is_long_prose_and_deterministic(stdlib: Corpus) -> None:
+    assert 100 <= len(stdlib) <= 300  # one document per module
+    assert min(len(doc) for doc in stdlib) >= 400
+    assert stdlib.num_chars > 300_000
+    assert len(set(stdlib.documents)) == len(stdlib)
+    assert stdlib.fingerprint == fingerprint_documents(stdlib.documents)
+    assert load_corpus() is stdlib  # built once per process
+    # A fresh interpreter, which has imported none of what pytest and transformers bring, agrees.
+    code = "from posleak.data.corpus import load_corpus; print(load_corpus().fingerprint)"
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert fresh.stdout.strip() == stdlib.fingerprint
+
+
+def test_file_folder_and_jsonl_specs(tmp_path: Path) -> None:
+    (tmp_path / "docs" / "sub").mkdir(parents=True)
+    (tmp_path / "docs" / "b.txt").write_text("second", encoding="utf-8")
+    (tmp_path / "docs" / "a.md").write_text("first", encoding="utf-8")
+    (tmp_path / "docs" / "sub" / "c.txt").write_text("third", encoding="utf-8")
+    (tmp_path / "docs" / "skip.py").write_text("not text", encoding="utf-8")
+    (tmp_path / "docs" / "blank.txt").write_text("  \n", encoding="utf-8")
+    folder = load_corpus(str(tmp_path / "docs"))
+    assert folder.documents == ("first", "second", "third")
+
+    single = load_corpus(str(tmp_path / "docs" / "b.txt"))
+    assert single.documents == ("second",)
+    assert single.provenance()["corpus_fingerprint"] == single.fingerprint
+
+    records = [{"text": "alpha", "body": "one"}, {"text": "beta", "body": "two"}]
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text("\n".join(json.dumps(r) for r in records) + "\n\n", encoding="utf-8")
+    assert load_corpus(str(jsonl)).documents == ("alpha", "beta")
+    by_field = load_corpus(f"{jsonl}:body")
+    assert by_field.documents == ("one", "two")
+    assert by_field.fingerprint != load_corpus(str(jsonl)).fingerprint
+    # Same content, same fingerprint, whatever the source.
+    assert make_corpus("x", ["one", "two"]).fingerprint == by_field.fingerprint
+    # Boundaries count: one document "onetwo" is not two documents.
+    assert make_corpus("y", ["onetwo"]).fingerprint != by_field.fingerprint
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "suffix", "message"),
+    [
+        ("missing", None, "", "neither a known corpus nor an existing path"),
+        ("empty.txt", "   ", "", "holds no non-empty documents"),
+        ("data.csv", "a,b", "", "unsupported suffix"),
+        ("bad.jsonl", '{"text": "ok"}\n{not json', "", "bad.jsonl:2 is not valid JSON"),
+        ("nofield.jsonl", '{"body": "x"}', "", "has no field 'text'"),
+        ("nofield.jsonl", '{"text": "x"}', ":body", "has no field 'body'"),
+        ("number.jsonl", '{"text": 3}', "", "is not a string"),
+        ("latin1.txt", b"caf\xe9", "", "is not UTF-8"),
+        ("emptydir", "", "", "holds no .txt or .md files"),
+    ],
+)
+def test_corpus_errors_are_one_line(
+    tmp_path: Path, name: str, content: str | bytes | None, suffix: str, message: str
+) -> None:
+    path = tmp_path / name
+    if name == "emptydir":
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content, encoding="utf-8")
+    with pytest.raises(PosleakError, match=message) as err:
+        load_corpus(f"{path}{suffix}")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("datasets") is not None, reason="datasets is installed")
+def test_hf_corpus_without_datasets_says_to_install_it() -> None:
+    with pytest.raises(PosleakError, match="pip install datasets"):
+        load_corpus("hf:wikitext:train:text")
+
+
+def test_malformed_hf_spec() -> None:
+    with pytest.raises(PosleakError, match="hf:NAME"):
+        load_corpus("hf:")
+
+
+# Sequences ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "policy"), [("silent", "auto"), ("prepends", "auto"), ("silent", "on"), ("none", "off")]
+)
+def test_rows_are_whole_windows_of_one_document(
+    small: Corpus, tokenizers: dict[str, PreTrainedTokenizerFast], kind: str, policy: str
+) -> None:
+    tokenizer = tokenizers[kind]
+    batch = make_sequences(small, tokenizer, seq_len=33, num_seqs=40, bos=policy, seed=3)
+    content = _content(batch)
+    length = content.shape[1]
+    windows = {
+        tuple(stream[start : start + length]): (doc, start)
+        for doc, stream in enumerate(_streams(small, tokenizer))
+        for start in range(0, len(stream) - length + 1, length)
+    }
+    origins = [windows.get(tuple(row.tolist())) for row in content]
+    assert None not in origins, "a row is not a whole, aligned window of one document"
+    assert len(set(origins)) == len(origins), "a window was used twice"
+    assert batch.source == small.fingerprint and batch.source_name == "small"
+
+
+def test_cross_documents_joins_with_eos(tokenizers: dict[str, PreTrainedTokenizerFast]) -> None:
+    tokenizer = tokenizers["silent"]
+    corpus = make_corpus("short", [f"Document number {k} says little." for k in range(30)])
+    with pytest.raises(PosleakError, match="holds only 0 sequences of 32 tokens without crossing documents"):
+        make_sequences(corpus, tokenizer, seq_len=32, num_seqs=2, bos="off")
+    batch = make_sequences(corpus, tokenizer, seq_len=32, num_seqs=4, bos="off", cross_documents=True)
+    joined: list[int] = []
+    for k, stream in enumerate(_streams(corpus, tokenizer)):
+        joined += [EOS_ID] * (k > 0) + stream
+    starts = {tuple(joined[s : s + 32]) for s in range(0, len(joined) - 31, 32)}
+    assert all(tuple(row.tolist()) in starts for row in batch.ids)
+    assert (batch.ids == EOS_ID).any()
+    with pytest.raises(PosleakError, match="needs an EOS token"):
+        make_sequences(corpus, tokenizers["bare"], seq_len=32, num_seqs=4, bos="off", cross_documents=True)
+
+
+@pytest.mark.parametrize(
+    ("kind", "policy", "expected_bos"),
+    [
+        ("prepends", "auto", BOS_ID),
+        ("prepends", "on", BOS_ID),
+        ("prepends", "off", None),
+        ("silent", "auto", None),
+        ("silent", "on", BOS_ID),
+        ("silent", "off", None),
+        ("none", "auto", None),
+        ("none", "off", None),
+    ],
+)
+def test_position_zero_under_each_bos_policy(
+    small: Corpus, tokenizers: dict[str, PreTrainedTokenizerFast], kind: str, policy: str, expected_bos: int | None
+) -> None:
+    tokenizer = tokenizers[kind]
+    assert pos0_token(tokenizer, policy) == expected_bos
+    batch = make_sequences(small, tokenizer, seq_len=16, num_seqs=20, bos=policy)
+    assert batch.bos_id == expected_bos and batch.bos_policy == policy
+    assert torch.equal(batch.pos0_token_ids, batch.ids[:, 0])
+    if expected_bos is None:
+        assert not (batch.ids == BOS_ID).any()  # no BOS anywhere, not only at position 0
+        assert batch.provenance()["pos0_token_id"] is None
+    else:
+        assert (batch.ids[:, 0] == BOS_ID).all() and not (batch.ids[:, 1:] == BOS_ID).any()
+        assert batch.provenance()["pos0_token_id"] == BOS_ID
+
+
+def test_special_token_text_stays_text(tokenizers: dict[str, PreTrainedTokenizerFast]) -> None:
+    corpus = make_corpus("spelled", ["A document that spells <bos> and <eos> in its text, " * 8])
+    batch = make_sequences(corpus, tokenizers["silent"], seq_len=16, num_seqs=4, bos="off")
+    assert not torch.isin(batch.ids, torch.tensor([BOS_ID, EOS_ID])).any()
+
+
+def test_tokenizer_bos_detection(tokenizers: dict[str, PreTrainedTokenizerFast]) -> None:
+    assert tokenizer_prepends_bos(tokenizers["prepends"])
+    assert not tokenizer_prepends_bos(tokenizers["silent"])
+    assert not tokenizer_prepends_bos(tokenizers["none"])
+
+
+def test_bos_on_without_a_bos_token(small: Corpus, tokenizers: dict[str, PreTrainedTokenizerFast]) -> None:
+    with pytest.raises(PosleakError, match="has no BOS token; use bos=off or auto"):
+        make_sequences(small, tokenizers["none"], seq_len=16, num_seqs=4, bos="on")
+    with pytest.raises(PosleakError, match="unknown BOS policy 'yes'"):
+        pos0_token(tokenizers["none"], "yes")
+
+
+def test_request_errors(small: Corpus, tokenizers: dict[str, PreTrainedTokenizerFast]) -> None:
+    tokenizer = tokenizers["silent"]
+    available = sum(len(s) // 64 for s in _streams(small, tokenizer))
+    with pytest.raises(PosleakError, match=f"holds only {available} sequences of 64 tokens.*at most {available}"):
+        make_sequences(small, tokenizer, seq_len=64, num_seqs=available + 1, bos="off")
+    assert make_sequences(small, tokenizer, seq_len=64, num_seqs=available, bos="off").num_seqs == available
+    with pytest.raises(PosleakError, match=r"longer than the model allows \(128 positions\)"):
+        make_sequences(small, tokenizer, seq_len=256, num_seqs=1, max_len=128)
+    with pytest.raises(PosleakError, match="at least 2"):
+        make_sequences(small, tokenizer, seq_len=1, num_seqs=1)
+    with pytest.raises(PosleakError, match="at least one sequence"):
+        make_sequences(small, tokenizer, seq_len=8, num_seqs=0)
+
+
+def test_seed_determines_the_windows(small: Corpus, tokenizers: dict[str, PreTrainedTokenizerFast]) -> None:
+    tokenizer = tokenizers["prepends"]
+    first = make_sequences(small, tokenizer, seq_len=24, num_seqs=16, seed=5)
+    again = make_sequences(small, tokenizer, seq_len=24, num_seqs=16, seed=5)
+    other = make_sequences(small, tokenizer, seq_len=24, num_seqs=16, seed=6)
+    more = make_sequences(small, tokenizer, seq_len=24, num_seqs=32, seed=5)
+    assert torch.equal(first.ids, again.ids)
+    assert not torch.equal(first.ids, other.ids)
+    assert torch.equal(more.ids[:16], first.ids)  # asking for more extends, never reshuffles
+    assert first.seed == 5
+
+
+def test_iter_batches_keeps_input_order(small: Corpus, tokenizers: dict[str, PreTrainedTokenizerFast]) -> None:
+    batch = make_sequences(small, tokenizers["silent"], seq_len=16, num_seqs=10)
+    chunks = list(iter_batches(batch, 4))
+    assert [len(index) for index, _ in chunks] == [4, 4, 2]
+    assert torch.equal(torch.cat([index for index, _ in chunks]), torch.arange(10))
+    assert torch.equal(torch.cat([ids for _, ids in chunks]), batch.ids)
+    with pytest.raises(PosleakError, match="batch size 0"):
+        next(iter_batches(batch, 0))
+
+
+# Token files --------------------------------------------------------------------------------------
+
+
+def test_token_file_is_taken_verbatim(tmp_path: Path) -> None:
+    array = np.arange(24, dtype=np.int32).reshape(3, 8)
+    path = tmp_path / "tokens.npy"
+    np.save(path, array)
+    batch = load_token_file(path, vocab_size=24, max_len=8)
+    assert torch.equal(batch.ids, torch.from_numpy(array).long())
+    assert batch.ids.dtype == torch.long
+    assert batch.bos_policy == "verbatim" and batch.bos_id is None and batch.seed is None
+    assert torch.equal(batch.pos0_token_ids, torch.tensor([0, 8, 16]))
+    assert batch.source == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("array", "kwargs", "message"),
+    [
+        (np.zeros((2, 3, 4), dtype=np.int64), {}, "has shape"),
+        (np.zeros((2, 8), dtype=np.float32), {}, "has dtype float32"),
+        (np.zeros((0, 8), dtype=np.int64), {}, "is empty"),
+        (np.full((2, 8), -1, dtype=np.int64), {}, "outside"),
+        (np.full((2, 8), 50, dtype=np.int64), {"vocab_size": 50}, r"outside \[0, 50\)"),
+        (np.zeros((2, 8), dtype=np.int64), {"max_len": 4}, "longer than the model allows"),
+    ],
+)
+def test_bad_token_files(tmp_path: Path, array: np.ndarray, kwargs: dict[str, int], message: str) -> None:
+    path = tmp_path / "tokens.npy"
+    np.save(path, array)
+    with pytest.raises(PosleakError, match=message):
+        load_token_file(path, **kwargs)
+
+
+def test_unreadable_token_files(tmp_path: Path) -> None:
+    with pytest.raises(PosleakError, match="does not exist"):
+        load_token_file(tmp_path / "absent.npy")
+    text = tmp_path / "tokens.npy"
+    text.write_text("1 2 3", encoding="utf-8")
+    with pytest.raises(PosleakError, match=r"not a readable \.npy"):
+        load_token_file(text)
+
+
+# Nulls --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["shift", "shuffle"])
+@pytest.mark.parametrize("policy", ["on", "off"])
+def test_nulls_keep_tokens_and_bos(
+    small: Corpus, tokenizers: dict[str, PreTrainedTokenizerFast], kind: str, policy: str
+) -> None:
+    batch = make_sequences(small, tokenizers["silent"], seq_len=32, num_seqs=12, bos=policy)
+    null = make_null(batch, kind, seed=1)
+    assert null.null == kind and null.null_seed == 1 and null.source == batch.source
+    assert torch.equal(null.ids.sort(dim=1).values, batch.ids.sort(dim=1).values)
+    assert torch.equal(null.pos0_token_ids, null.ids[:, 0])
+    if policy == "on":
+        assert (null.ids[:, 0] == BOS_ID).all()
+    before, after = _content(batch), _content(null)
+    assert not torch.equal(before, after)
+    if kind == "shift":
+        length = before.shape[1]
+        for row, moved in zip(before, after, strict=True):
+            assert any(torch.equal(torch.roll(row, k), moved) for k in range(1, length))
+    assert torch.equal(make_null(batch, kind, seed=1).ids, null.ids)
+    assert not torch.equal(make_null(batch, kind, seed=2).ids, null.ids)
+
+
+def test_null_errors(small: Corpus, tokenizers: dict[str, PreTrainedTokenizerFast]) -> None:
+    batch = make_sequences(small, tokenizers["silent"], seq_len=16, num_seqs=4)
+    with pytest.raises(PosleakError, match="unknown null 'reverse'"):
+        make_null(batch, "reverse")
+    with pytest.raises(PosleakError, match="already the 'shift' null"):
+        make_null(make_null(batch, "shift"), "shuffle")
