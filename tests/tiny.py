@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
@@ -15,6 +16,7 @@ from transformers import (
     MistralConfig,
     MistralForCausalLM,
     PreTrainedModel,
+    PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -61,3 +63,11 @@ def tiny_model(family: str, seed: int = 0) -> PreTrainedModel:
 
 
 FAMILIES = ["llama", "qwen2", "mistral", "gemma3", "gemma2", "gpt_oss"]
+
+
+def tiny_tokenizer(vocab_size: int = _COMMON["vocab_size"]) -> PreTrainedTokenizerFast:
+    """A real word-level tokenizer: "<bos>" is 0, "<unk>" 1, and the word "wK" is token K ≥ 2."""
+    vocab = {"<bos>": 0, "<unk>": 1, **{f"w{i}": i for i in range(2, vocab_size)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<bos>", unk_token="<unk>")

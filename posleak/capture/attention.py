@@ -77,7 +77,6 @@ def posleak_attention(
 
     layer = int(module.layer_idx)
     spec = session.edits.mask_for(spec)
-    value = session.edits.edit_values(layer, value)
     with_keys = norm == "softmax" and session.needs_attended_keys
     if softcap is None and norm == "softmax":
         if with_keys:
@@ -93,25 +92,25 @@ def posleak_attention(
         out, log_z_keys = attend_materialised(query, key, values_in, spec, scaling, softcap, None, norm)
     out, log_z = _with_sink(out, log_z_keys, s_aux)
     output, attended_keys = (out[..., : value.shape[-1]], out[..., value.shape[-1] :]) if with_keys else (out, None)
-    session.record(
-        AttentionCall(
-            layer=layer,
-            query=query,
-            key=key,
-            value=value,
-            scaling=scaling,
-            softcap=softcap,
-            sink=None if s_aux is None else s_aux.detach().float(),
-            norm=norm,
-            mask=spec,
-            log_z=log_z,
-            log_z_keys=log_z_keys,
-            output=output,
-            attended_keys=attended_keys,
-            sequence_index=session.sequence_index,
-        )
+    call = AttentionCall(
+        layer=layer,
+        query=query,
+        key=key,
+        value=value,
+        scaling=scaling,
+        softcap=softcap,
+        sink=None if s_aux is None else s_aux.detach().float(),
+        norm=norm,
+        mask=spec,
+        log_z=log_z,
+        log_z_keys=log_z_keys,
+        output=output,
+        attended_keys=attended_keys,
+        sequence_index=session.sequence_index,
     )
-    return output.transpose(1, 2).contiguous(), None
+    call.output = session.edits.ablate_key0_values(call)
+    session.record(call)
+    return call.output.transpose(1, 2).contiguous(), None
 
 
 def _attend_uncaptured(

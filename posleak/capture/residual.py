@@ -7,7 +7,7 @@ norm. These are the hidden states h^(l) of DESIGN.md; L blocks give L + 1 entrie
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -57,7 +57,7 @@ class ResidualCapture:
             handle.remove()
         self._handles.clear()
 
-    def _hook(self, layer: int):
+    def _hook(self, layer: int) -> Callable[[nn.Module, object, object], None]:
         def keep(module: nn.Module, inputs: object, output: object) -> None:
             hidden = output[0] if isinstance(output, tuple) else output
             self._kept[layer].append(hidden[:, self.positions].detach().float().clone())

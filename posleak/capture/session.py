@@ -39,7 +39,7 @@ class AttentionCall:
     layer: int
     query: torch.Tensor  # (B, H, T, D), post-RoPE
     key: torch.Tensor  # (B, H, T, D), post-RoPE
-    value: torch.Tensor  # (B, H, T, Dv), after any value edit
+    value: torch.Tensor  # (B, H, T, Dv)
     scaling: float
     softcap: float | None
     sink: torch.Tensor | None  # (H,) learned sink logits, where the model has them
@@ -47,7 +47,7 @@ class AttentionCall:
     mask: MaskSpec
     log_z: torch.Tensor  # (B, H, T): log Z_i over the valid keys plus the sink logit (0 for sigmoid)
     log_z_keys: torch.Tensor  # (B, H, T): log Z_i over the valid keys alone
-    output: torch.Tensor  # (B, H, T, Dv)
+    output: torch.Tensor  # (B, H, T, Dv), after any ablation of the value at key 0
     attended_keys: torch.Tensor | None  # (B, H, T, D): Σ_j a_ij k_j, when an accumulator asked for it
     sequence_index: torch.Tensor  # (B,) position of each row in the input order
 
@@ -87,8 +87,8 @@ class AttentionEdits:
     """Declared changes to what attention computes (DESIGN.md §3.4), applied in every layer.
 
     window: None keeps the model's windows, an int gives every layer that window, "global" removes them.
-    ablate_key0: layer → heads whose value vector at key 0 is replaced ("zero" or the "mean" of the
-    other keys' values in that sequence and head).
+    ablate_key0: layer → heads whose value vector at key 0, as read by queries i ≥ 1, is replaced
+    ("zero" or the "mean" of the other keys' values in that sequence and head).
     """
 
     window: int | Literal["global"] | None = None
@@ -101,17 +101,23 @@ class AttentionEdits:
         window = None if self.window == "global" else int(self.window)
         return MaskSpec(causal=spec.causal, window=window, prefix=spec.prefix)
 
-    def edit_values(self, layer: int, value: torch.Tensor) -> torch.Tensor:
-        heads = self.ablate_key0.get(layer)
+    def ablate_key0_values(self, call: AttentionCall) -> torch.Tensor:
+        """The call's output with the value at key 0 replaced in the chosen heads, for queries i ≥ 1.
+
+        Query 0 keeps reading its own value: position 0 stays the closed system it was, and what is
+        removed is exactly what later queries read from the sink. Exact, as a correction of the
+        output: o_i += a_{i,0}·(v_0' − v_0).
+        """
+        heads = self.ablate_key0.get(call.layer)
         if not heads:
-            return value
-        value = value.clone()
-        index = torch.tensor(heads, device=value.device)
-        if self.ablate_mode == "zero":
-            value[:, index, 0] = 0.0
-        else:
-            value[:, index, 0] = value[:, index, 1:].mean(dim=-2)
-        return value
+            return call.output
+        index = torch.tensor(heads, device=call.value.device)
+        old = call.value[:, index, 0]
+        new = torch.zeros_like(old) if self.ablate_mode == "zero" else call.value[:, index, 1:].mean(dim=-2)
+        weight = call.attention_on_key0()[:, index, 1:, None]
+        output = call.output.clone()
+        output[:, index, 1:] += weight * (new - old)[:, :, None, :]
+        return output
 
 
 class CaptureSession:

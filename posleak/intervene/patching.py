@@ -1,0 +1,79 @@
+"""Position-0 patching (DESIGN.md §3.4): h_0^(l) taken from another input at chosen layers.
+
+Position 0 is a closed system (it attends only to itself), so its whole trajectory h_0^(0..L) is a
+function of the token there alone: the source trajectory is computed from that one token. A patch
+at resid[l] replaces position 0 of the embedding output (l = 0) or of block l − 1's output (l ≥ 1);
+the layers after it compute on from the patched state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from posleak.capture.residual import ResidualCapture, decoder_layers
+from posleak.capture.session import CaptureSession
+from posleak.errors import PosleakError
+
+
+def source_token(tokenizer: PreTrainedTokenizerBase | None, source: str) -> int:
+    """The token a `--patch-pos0` SOURCE names: `id:N`, or TEXT that encodes to one token."""
+    if source.startswith("id:"):
+        return int(source.removeprefix("id:"))
+    if tokenizer is None:
+        raise PosleakError("--patch-pos0 TEXT needs the model's tokenizer; use id:N")
+    ids = tokenizer.encode(source, add_special_tokens=False)
+    if len(ids) != 1:
+        raise PosleakError(f"--patch-pos0 {source!r} encodes to {len(ids)} tokens; name one token or use id:N")
+    return ids[0]
+
+
+def position0_trajectory(model: PreTrainedModel, token_id: int) -> torch.Tensor:
+    """h_0^(l) for every resid index l when `token_id` stands at position 0, shape (L + 1, d)."""
+    with ResidualCapture(model, positions=[0]) as capture:
+        CaptureSession().forward(model, torch.tensor([[token_id]]))
+    return capture.states()[:, 0, 0]
+
+
+@contextmanager
+def patched_position0(model: PreTrainedModel, trajectory: torch.Tensor, layers: Sequence[int]) -> Iterator[None]:
+    """Within the block, position 0 of resid[l] is `trajectory[l]` for each l in `layers`."""
+    modules = [model.get_input_embeddings(), *decoder_layers(model)]
+    bad = [layer for layer in layers if not 0 <= layer < len(modules)]
+    if bad:
+        raise PosleakError(f"--patch-layers {bad} out of range; resid indices run 0..{len(modules) - 1}")
+
+    def hook_for(layer: int) -> Callable[[nn.Module, object, object], object]:
+        def patch(module: nn.Module, inputs: object, output: object) -> object:
+            hidden = output[0] if isinstance(output, tuple) else output
+            hidden = hidden.clone()
+            hidden[:, 0] = trajectory[layer].to(hidden)
+            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+        return patch
+
+    # prepend: captures registered earlier must see the patched state
+    handles = [modules[layer].register_forward_hook(hook_for(layer), prepend=True) for layer in layers]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def parse_layers(spec: str, num_resid: int) -> tuple[int, ...]:
+    """`--patch-layers` syntax: `all`, `L`, `A..B` (inclusive), comma-separated."""
+    if spec == "all":
+        return tuple(range(num_resid))
+    layers: list[int] = []
+    try:
+        for part in spec.split(","):
+            lo, sep, hi = part.partition("..")
+            layers.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    except ValueError:
+        raise PosleakError(f"bad --patch-layers {spec!r}; use all, L, A..B or a comma-separated list") from None
+    return tuple(layers)
