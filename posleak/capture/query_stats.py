@@ -58,6 +58,13 @@ class QueryStats:
         for row, seq in enumerate(call.sequence_index.tolist()):
             per_seq[seq] = a0[row, :, 1:].double().mean(dim=-1)
 
+    def state_dict(self) -> dict[str, object]:
+        """Plain containers of tensors, for checkpointing a run between batches."""
+        return {"sums": self._sums, "per_seq": self._per_seq, "counts": self._counts}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self._sums, self._per_seq, self._counts = state["sums"], state["per_seq"], state["counts"]
+
     def result(self) -> QueryStatsResult:
         layers = sorted(self._sums)
         if not layers:

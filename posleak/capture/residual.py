@@ -80,12 +80,15 @@ class ClosedSystemReport:
         return bool((self.max_rel_spread <= CLOSED_SYSTEM_RTOL).all())
 
 
-def closed_system(pos0_states: torch.Tensor, pos0_tokens: torch.Tensor) -> ClosedSystemReport:
-    """pos0_states (layers, N, d): h_0^(l) per input; pos0_tokens (N,): the token at position 0."""
+def closed_system(pos0_states: torch.Tensor, pos0_inputs: torch.Tensor) -> ClosedSystemReport:
+    """pos0_states (layers, N, d): h_0^(l) per input; pos0_inputs (N,) or (N, d): what stands at
+    position 0 — the token, or the input vector itself when an intervention replaced it. Inputs whose
+    position-0 entries are equal must share h_0 in every layer."""
+    _, group = torch.unique(pos0_inputs, dim=0, return_inverse=True)
     spread = torch.zeros(pos0_states.shape[0], dtype=torch.float64)
     groups = 0
-    for token in pos0_tokens.unique():
-        rows = pos0_states[:, pos0_tokens == token].double()
+    for g in group.unique():
+        rows = pos0_states[:, group == g].double()
         if rows.shape[1] < 2:
             continue
         groups += 1
