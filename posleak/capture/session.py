@@ -127,6 +127,7 @@ class CaptureSession:
         self.accumulators = list(accumulators)
         self.edits = edits or AttentionEdits()
         self.calls: Counter[int] = Counter()  # attention calls seen per layer: proof the path ran
+        self.masks: dict[int, MaskSpec] = {}  # the mask each layer computed with (after edits)
         self.sequence_index = torch.zeros(0, dtype=torch.long)
 
     @property
@@ -135,6 +136,7 @@ class CaptureSession:
 
     def record(self, call: AttentionCall) -> None:
         self.calls[call.layer] += 1
+        self.masks[call.layer] = call.mask
         for acc in self.accumulators:
             acc.update(call)
 

@@ -14,14 +14,14 @@ from posleak.errors import PosleakError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from posleak.cli import models
+    from posleak.cli import analyze, lab, models
 
     parser = argparse.ArgumentParser(
         prog="posleak",
         description="Where does absolute position in a decoder's attention come from?",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (models,):
+    for module in (models, analyze, lab):
         module.add_parser(sub)
     return parser
 

@@ -1,0 +1,421 @@
+"""`posleak analyze`: one model, one set of sequences, the measurements of DESIGN.md §3, one run folder.
+
+The flow of DESIGN.md §2 in one function: sequences → forward passes with posleak's attention and
+its streaming accumulators (decomposition, log Z / sink scores) plus the position-0 residual capture
+→ tables, figures, report, manifest. After every batch the accumulators' state is checkpointed in the
+run folder, so an interrupted run, rerun with the same arguments, resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from posleak.capture import (
+    CaptureSession,
+    QueryStats,
+    QueryStatsResult,
+    ResidualCapture,
+    closed_system,
+    require_closed_system,
+)
+from posleak.capture.residual import ClosedSystemReport
+from posleak.data.batches import TokenBatch, iter_batches, load_token_file, make_sequences
+from posleak.data.corpus import load_corpus
+from posleak.errors import PosleakError
+from posleak.intervene import Interventions
+from posleak.measure import LAYER_MAGNITUDES, Decomposition, DecompositionAccumulator
+from posleak.measure.position0 import fingerprint_constancy
+from posleak.models.load import LoadedModel, load_model
+from posleak.report import figures
+from posleak.report.html import FigureBlock, Section, TableBlock, render_report
+from posleak.report.runfolder import RunFolder, TokenCount, provenance
+
+# Checkpoint the accumulators at most this often (seconds): the exact grid's state is large.
+CHECKPOINT_EVERY_S = 20.0
+
+
+@dataclass(frozen=True)
+class AnalyzeConfig:
+    """What determines an analysis run (and its resume fingerprint), besides the model."""
+
+    seq_len: int = 256
+    num_seqs: int = 16
+    batch_size: int = 4
+    bos: str = "auto"
+    corpus: str = "stdlib"
+    tokens: str | None = None  # a .npy file of token ids (N×T), taken verbatim instead of the corpus
+    cross_documents: bool = False
+    grid: str = "coarse"
+    early: int = 32
+    seed: int = 0
+    bootstrap: int = 200
+    interventions: Interventions = field(default_factory=Interventions)
+
+
+@dataclass
+class AnalysisResult:
+    """The tables of one run (the run folder holds the same as Parquet) and its manifest."""
+
+    per_head: pd.DataFrame
+    per_layer: pd.DataFrame
+    profiles: pd.DataFrame
+    offset_map: pd.DataFrame
+    position0: pd.DataFrame  # resid index, fingerprint constancy and closed-system spread of h_0
+    bootstrap: pd.DataFrame  # per resample and layer, the mean over heads of each magnitude (paired runs)
+    manifest: dict[str, Any]
+    run: RunFolder | None = None
+
+    TABLES = ("per_head", "per_layer", "profiles", "offset_map", "position0", "bootstrap")
+
+    @classmethod
+    def read(cls, run: RunFolder) -> AnalysisResult:
+        tables = {name: run.read_table(name) for name in cls.TABLES}
+        return cls(**tables, manifest=run.read_manifest(), run=run)
+
+
+def analyze(
+    spec: str,
+    config: AnalyzeConfig,
+    *,
+    out: Path | str | None = None,
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> AnalysisResult:
+    """Load the model `spec` (built-in name, folder, hub id), make the sequences, and analyse."""
+    run = RunFolder(Path(out)) if out is not None else None
+    if run is not None and run.is_complete:
+        return AnalysisResult.read(run)
+    loaded = load_for(spec, config.interventions, trust_remote_code)
+    batch = sequences_for(loaded, config)
+    return analyze_model(loaded.model, batch, config, out=out, loaded=loaded, progress=progress)
+
+
+def load_for(spec: str, interventions: Interventions, trust_remote_code: bool = False) -> LoadedModel:
+    """The model with the load-time interventions (RoPE scaling) applied to its config."""
+    loaded = load_model(spec, trust_remote_code=trust_remote_code)
+    overrides = interventions.config_overrides(loaded.model.config)
+    if overrides:
+        loaded = load_model(spec, trust_remote_code=trust_remote_code, config_overrides=overrides)
+    return loaded
+
+
+def sequences_for(loaded: LoadedModel, config: AnalyzeConfig) -> TokenBatch:
+    max_len = loaded.facts.max_positions
+    if config.tokens is not None:
+        return load_token_file(config.tokens, vocab_size=loaded.model.config.vocab_size, max_len=max_len)
+    return make_sequences(
+        load_corpus(config.corpus),
+        loaded.tokenizer,
+        config.seq_len,
+        config.num_seqs,
+        bos=config.bos,  # type: ignore[arg-type]
+        seed=config.seed,
+        cross_documents=config.cross_documents,
+        max_len=max_len,
+    )
+
+
+def analyze_model(
+    model: PreTrainedModel,
+    batch: TokenBatch,
+    config: AnalyzeConfig,
+    *,
+    out: Path | str | None = None,
+    loaded: LoadedModel | None = None,
+    model_id: str | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    progress: bool = True,
+) -> AnalysisResult:
+    """Analyse `batch` on `model` (already switched to posleak attention).
+
+    `loaded` supplies provenance for a checkpoint (its id and file hash); a lab model passes `model_id`.
+    """
+    tokenizer = loaded.tokenizer if loaded is not None else tokenizer
+    model_id = loaded.name if loaded is not None else (model_id or type(model).__name__)
+    run = RunFolder(Path(out)) if out is not None else None
+    args = _run_args(model_id, loaded, batch, config)
+    if run is not None and run.begin(args) == "complete":
+        return AnalysisResult.read(run)
+
+    started = time.perf_counter()
+    interventions = config.interventions
+    sink_heads = _sink_heads(model, batch, config) if interventions.needs_sink_heads else None
+    edits = interventions.attention_edits(sink_heads)
+    decomposition = DecompositionAccumulator(config.grid, batch.seq_len, batch.num_seqs, early=config.early)
+    stats = QueryStats()
+    session = CaptureSession([decomposition, stats], edits=edits)
+    pos0: list[torch.Tensor] = []
+    done = _resume(run, decomposition, stats, pos0)
+
+    chunks = list(iter_batches(batch, config.batch_size))
+    bar = tqdm(total=len(chunks), initial=done, desc=f"analyze {model_id}", unit="batch", disable=not progress)
+    last_save = time.perf_counter()
+    with interventions.applied(model, tokenizer, bos_at_0=batch.bos_id is not None):
+        for index, (seq_index, ids) in enumerate(chunks):
+            if index < done:
+                continue
+            with ResidualCapture(model, positions=[0]) as capture:
+                session.forward(model, ids, seq_index)
+            pos0.append(capture.states()[:, :, 0])
+            _check_finite(pos0[-1], model_id)
+            bar.update(1)
+            if run is not None and (index + 1 < len(chunks)) and time.perf_counter() - last_save > CHECKPOINT_EVERY_S:
+                _checkpoint(run, index + 1, decomposition, stats, pos0)
+                last_save = time.perf_counter()
+    bar.close()
+    forward_s = time.perf_counter() - started
+
+    states = torch.cat(pos0, dim=1)
+    closed = closed_system(states, states[0])  # group by the vector at position 0 (after interventions)
+    require_closed_system(closed)
+    measured = decomposition.result(resamples=config.bootstrap, seed=config.seed)
+    result = _tables(measured, stats.result(), session, states, closed)
+    timings = {"forward_s": round(forward_s, 3), "total_s": round(time.perf_counter() - started, 3)}
+    manifest = _manifest(model_id, loaded, batch, config, tokenizer, measured, closed, sink_heads, timings)
+    result.manifest = manifest
+    if run is not None:
+        _write(run, result)
+        run.finish(manifest)
+        result.run = run
+    return result
+
+
+def _run_args(model_id: str, loaded: LoadedModel | None, batch: TokenBatch, config: AnalyzeConfig) -> dict[str, Any]:
+    """What the resume fingerprint covers: the model file, the exact tokens, and every option."""
+    return {
+        "model": model_id,
+        "model_sha256": loaded.file_hash if loaded is not None else None,
+        "tokens_sha256": _tokens_hash(batch.ids),
+        "config": dataclasses.asdict(config),
+    }
+
+
+def _tokens_hash(ids: torch.Tensor) -> str:
+    return hashlib.sha256(ids.numpy().tobytes()).hexdigest()
+
+
+def _resume(
+    run: RunFolder | None, decomposition: DecompositionAccumulator, stats: QueryStats, pos0: list[torch.Tensor]
+) -> int:
+    """Load the checkpoint of an interrupted run; the number of batches already done."""
+    state = run.load_partial("state") if run is not None else None
+    if state is None:
+        return 0
+    decomposition.load_state_dict(state["decomposition"])
+    stats.load_state_dict(state["query_stats"])
+    pos0.append(state["pos0"])
+    return int(state["batches_done"])
+
+
+def _checkpoint(
+    run: RunFolder, batches_done: int, decomposition: DecompositionAccumulator, stats: QueryStats, pos0: list
+) -> None:
+    state = {
+        "batches_done": batches_done,
+        "decomposition": decomposition.state_dict(),
+        "query_stats": stats.state_dict(),
+        "pos0": torch.cat(pos0, dim=1),
+    }
+    run.save_partial("state", state)
+
+
+def _check_finite(states: torch.Tensor, model_id: str) -> None:
+    if not torch.isfinite(states).all():
+        layer = int((~torch.isfinite(states)).flatten(1).any(1).nonzero()[0])
+        raise PosleakError(f"{model_id}: NaN or Inf in the activations at resid[{layer}]; check the dtype and weights")
+
+
+def _sink_heads(model: PreTrainedModel, batch: TokenBatch, config: AnalyzeConfig) -> dict[int, tuple[int, ...]]:
+    """Heads with α_0 > ε on these sequences without any intervention (for --ablate-sink-values auto)."""
+    stats = QueryStats()
+    session = CaptureSession([stats])
+    for seq_index, ids in iter_batches(batch, config.batch_size):
+        session.forward(model, ids, seq_index)
+    heads = stats.result().sink_heads
+    return {layer: tuple(heads[layer].nonzero().flatten().tolist()) for layer in range(heads.shape[0])}
+
+
+def _tables(
+    decomposition: Decomposition,
+    stats: QueryStatsResult,
+    session: CaptureSession,
+    pos0_states: torch.Tensor,
+    closed: ClosedSystemReport,
+) -> AnalysisResult:
+    layers, heads = stats.sink_score.shape
+    sink = pd.DataFrame(
+        {
+            "layer": [layer for layer in range(layers) for _ in range(heads)],
+            "head": [head for _ in range(layers) for head in range(heads)],
+            "sink_score": stats.sink_score.flatten().numpy(),
+        }
+    )
+    per_layer = _layer_layout(session).merge(decomposition.per_layer(), on="layer")
+    per_layer["sink_rate"] = stats.sink_rate.numpy()[per_layer["layer"].to_numpy()]
+    position0 = pd.DataFrame(
+        {
+            "layer": range(pos0_states.shape[0]),
+            "fingerprint_cos": fingerprint_constancy(pos0_states).numpy(),
+            "closed_spread": closed.max_rel_spread.numpy(),
+        }
+    )
+    return AnalysisResult(
+        per_head=sink.merge(decomposition.per_head(), on=["layer", "head"]),
+        per_layer=per_layer,
+        profiles=decomposition.profiles(),
+        offset_map=decomposition.offset_map(),
+        position0=position0,
+        bootstrap=_bootstrap_table(decomposition),
+        manifest={},
+    )
+
+
+def _bootstrap_table(decomposition: Decomposition) -> pd.DataFrame:
+    """Long table of resampled layer magnitudes; the resampling weights depend only on (N, R, seed), so
+    two runs on the same sequences share them and their differences can be bootstrapped pairwise."""
+    columns = ["resample", "layer", *LAYER_MAGNITUDES]
+    if decomposition.bootstrap is None:
+        return pd.DataFrame(columns=columns)
+    samples = {name: decomposition.bootstrap[name].mean(-1) for name in LAYER_MAGNITUDES}  # (R, L)
+    resamples, layers = samples[LAYER_MAGNITUDES[0]].shape
+    frame = pd.DataFrame(
+        {
+            "resample": torch.arange(resamples).repeat_interleave(layers).numpy(),
+            "layer": torch.tensor(decomposition.layers).repeat(resamples).numpy(),
+        }
+    )
+    for name in LAYER_MAGNITUDES:
+        frame[name] = samples[name].flatten().numpy()
+    return frame
+
+
+def _layer_layout(session: CaptureSession) -> pd.DataFrame:
+    """Layer type and window as the run computed them (after any window override)."""
+    layers = sorted(session.masks)
+    windows = [session.masks[layer].window for layer in layers]
+    return pd.DataFrame(
+        {
+            "layer": layers,
+            "layer_type": ["sliding_attention" if w is not None else "full_attention" for w in windows],
+            "window": [w or 0 for w in windows],
+        }
+    )
+
+
+def _manifest(
+    model_id: str,
+    loaded: LoadedModel | None,
+    batch: TokenBatch,
+    config: AnalyzeConfig,
+    tokenizer: PreTrainedTokenizerBase | None,
+    decomposition: Decomposition,
+    closed: ClosedSystemReport,
+    sink_heads: dict[int, tuple[int, ...]] | None,
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    interventions = config.interventions.describe()
+    if sink_heads is not None:
+        interventions["sink_heads_ablated"] = {str(k): list(v) for k, v in sink_heads.items() if v}
+    manifest = provenance(
+        model_id=model_id,
+        model_hash=loaded.file_hash if loaded is not None else None,
+        dtype="float32",
+        attention_path="posleak (torch CPU flash kernel with log-sum-exp; block-wise where soft-capped)",
+        bos_policy=batch.bos_policy,
+        position0_tokens=_position0_tokens(batch, tokenizer),
+        seq_len=batch.seq_len,
+        num_seqs=batch.num_seqs,
+        corpus=config.tokens or config.corpus,
+        seed=config.seed,
+        grid=decomposition.grid.describe(),
+        interventions=[interventions] if interventions else [],
+        timings=timings,
+    )
+    manifest["data"] = batch.provenance()
+    manifest["measurement"] = decomposition.describe()
+    manifest["early"] = config.early
+    if loaded is not None:
+        manifest["model"]["facts"] = loaded.facts.to_dict()
+        manifest["model"]["gguf_sha256"] = loaded.source_hash
+    manifest["closed_system"] = {
+        "holds": closed.holds,
+        "groups": closed.groups,
+        "max_rel_spread": float(closed.max_rel_spread.max()),
+    }
+    return manifest
+
+
+def _position0_tokens(batch: TokenBatch, tokenizer: PreTrainedTokenizerBase | None) -> list[TokenCount]:
+    ids, counts = batch.pos0_token_ids.unique(return_counts=True)
+    order = counts.argsort(descending=True)[:20]  # the most frequent; with a BOS there is one
+    return [
+        TokenCount(
+            id=int(ids[k]),
+            text=tokenizer.decode([int(ids[k])]) if tokenizer is not None else str(int(ids[k])),
+            sequences=int(counts[k]),
+        )
+        for k in order
+    ]
+
+
+def _write(run: RunFolder, result: AnalysisResult) -> None:
+    for name in AnalysisResult.TABLES:
+        run.write_table(name, getattr(result, name))
+    early = result.manifest["early"]
+    paths = {
+        "magnitudes": figures.component_magnitudes(
+            result.per_layer,
+            run.figure_path("magnitudes"),
+            range_labels=(f"early queries (1 ≤ i < {early})", "all queries (1 ≤ i < T)"),
+        ),
+        "profiles": figures.profiles_figure(result.profiles, result.per_layer, run.figure_path("profiles")),
+        "offset_map": figures.offset_map_figure(result.offset_map, run.figure_path("offset_map")),
+    }
+    render_report(
+        run,
+        f"posleak analysis: {result.manifest['model']['id']}",
+        report_sections(result, paths),
+        manifest=result.manifest,
+    )
+
+
+def report_sections(result: AnalysisResult, paths: dict[str, Path]) -> list[Section]:
+    """The sections of one analysis run's report (also reused by `intervene` and `paper`)."""
+    per_layer = result.per_layer
+    closed = result.manifest["closed_system"]
+    summary = (
+        f"Mean over layers: causal-mask magnitude **{per_layer['mask_all'].mean():.3g}** (all queries), "
+        f"residual-stream magnitude **{per_layer['resid_all'].mean():.3g}** (noise-corrected). "
+        f"Position 0 closed system: {'holds' if closed['holds'] else 'VIOLATED'} "
+        f"(largest relative spread {closed['max_rel_spread']:.2g} over {closed['groups']} group(s))."
+    )
+    return [
+        Section(
+            "Components by layer",
+            summary
+            + "\n\nMagnitudes are root-mean-square deviations over valid (query, offset) cells, DESIGN.md §3.1; "
+            "bands are bootstrap intervals over sequences.",
+            figures=[FigureBlock(paths["magnitudes"], "Causal-mask m(i) and residual-stream r(i, d) magnitudes.")],
+            tables=[TableBlock("Per layer", per_layer, source="per_layer.parquet")],
+        ),
+        Section(
+            "Profiles",
+            "m(i) where the causal-mask component is largest; r(i, d) where the residual-stream one is.",
+            figures=[FigureBlock(paths["profiles"]), FigureBlock(paths["offset_map"], "Offset-normalised map.")],
+        ),
+        Section(
+            "Per head",
+            "Sink score α₀ (mean attention on key 0 over queries i ≥ 1), magnitudes and ΔR² leakage per head.",
+            tables=[TableBlock("Per head", result.per_head, collapsed=True, source="per_head.parquet")],
+        ),
+    ]

@@ -1,0 +1,132 @@
+"""`posleak inspect`, `posleak analyze` and `posleak intervene`: the measurement commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from posleak.analyze import AnalyzeConfig, analyze
+from posleak.inspect import inspect_model
+from posleak.intervene import Interventions
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    inspect = sub.add_parser("inspect", help="a model's position facts and per-layer sink rate")
+    inspect.add_argument("model", help="built-in name, checkpoint folder, or hub id")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    inspect.add_argument("--seq-len", type=int, default=128)
+    inspect.add_argument("--num-seqs", type=int, default=8)
+    inspect.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with the checkpoint")
+    inspect.set_defaults(handler=_inspect)
+
+    analyze_parser = sub.add_parser("analyze", help="the decomposition of DESIGN.md §3 into a run folder")
+    analyze_parser.add_argument("model", help="built-in name, checkpoint folder, or hub id")
+    add_analysis_options(analyze_parser)
+    add_intervention_options(analyze_parser)
+    analyze_parser.set_defaults(handler=_analyze)
+
+
+def add_analysis_options(parser: argparse.ArgumentParser) -> None:
+    defaults = AnalyzeConfig()
+    parser.add_argument("--seq-len", type=int, default=defaults.seq_len, help="sequence length T")
+    parser.add_argument("--num-seqs", type=int, default=defaults.num_seqs, help="number of sequences N")
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    parser.add_argument("--bos", choices=["auto", "on", "off"], default=defaults.bos)
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--corpus", default=defaults.corpus, help="stdlib | FILE.txt | FOLDER | FILE.jsonl[:field]")
+    source.add_argument("--tokens", help="a .npy file of token ids (N×T), taken verbatim")
+    parser.add_argument("--cross-documents", action="store_true", help="let sequences run across documents")
+    parser.add_argument("--grid", choices=["coarse", "exact"], default=defaults.grid)
+    parser.add_argument("--early", type=int, default=defaults.early, help="early queries are 1 ≤ i < K")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--bootstrap", type=int, default=defaults.bootstrap, help="bootstrap resamples")
+    parser.add_argument("--out", required=True, help="run folder (rerun with the same arguments to resume)")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with the checkpoint")
+
+
+def add_intervention_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("interventions (DESIGN.md §3.4)")
+    group.add_argument("--replace-bos", metavar="mean|random|zero|token:TEXT")
+    group.add_argument("--patch-pos0", metavar="SOURCE", help="TEXT of one token, or id:N")
+    group.add_argument("--patch-layers", default="all", metavar="L..", help="resid indices: all | L | A..B | L,L")
+    group.add_argument("--ablate-sink-values", metavar="auto|L.H,...")
+    group.add_argument("--ablate-mode", choices=["zero", "mean"], default="zero")
+    group.add_argument("--rope-scaling", metavar="ntk:K|linear:K|dynamic:K|yarn:K")
+    group.add_argument("--window", metavar="W|global")
+
+
+def interventions_from(args: argparse.Namespace) -> Interventions:
+    return Interventions(
+        replace_bos=args.replace_bos,
+        patch_pos0=args.patch_pos0,
+        patch_layers=args.patch_layers,
+        ablate_sink_values=args.ablate_sink_values,
+        ablate_mode=args.ablate_mode,
+        rope_scaling=args.rope_scaling,
+        window=args.window,
+        seed=args.seed,
+    )
+
+
+def config_from(args: argparse.Namespace, interventions: Interventions) -> AnalyzeConfig:
+    return AnalyzeConfig(
+        seq_len=args.seq_len,
+        num_seqs=args.num_seqs,
+        batch_size=args.batch_size,
+        bos=args.bos,
+        corpus=args.corpus,
+        tokens=args.tokens,
+        cross_documents=args.cross_documents,
+        grid=args.grid,
+        early=args.early,
+        seed=args.seed,
+        bootstrap=args.bootstrap,
+        interventions=interventions,
+    )
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    info = inspect_model(
+        args.model, seq_len=args.seq_len, num_seqs=args.num_seqs, trust_remote_code=args.trust_remote_code
+    )
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    facts = info["facts"]
+    print(
+        f"{info['model']}: {facts['architecture']}, {facts['layers']} layers, {facts['heads']} heads / "
+        f"{facts['kv_heads']} KV, head dim {facts['head_dim']}, max positions {facts['max_positions']}"
+    )
+    for policy, token in info["position0"].items():
+        shown = token if isinstance(token, str) else token.get("error") or f"{token['text']!r} (id {token['id']})"
+        print(f"  position 0 with --bos {policy}: {shown}")
+    print(
+        f"  sink rate on {info['sink_rate']['num_seqs']} × {info['sink_rate']['seq_len']} tokens of "
+        f"{info['sink_rate']['corpus']} (share of heads with α0 > 0.3)"
+    )
+    print(f"  {'layer':>5}  {'type':<17} {'window':>6}  {'rope θ':>10}  {'scaling':<12} {'sink rate':>9}")
+    for layer, rate in enumerate(info["sink_rate"]["per_layer"]):
+        window = facts["window"][layer] or "-"
+        theta = facts["rope_theta"][layer]
+        scaling = facts["rope_type"][layer] or "-"
+        if facts["rope_factor"][layer]:
+            scaling += f"×{facts['rope_factor'][layer]:g}"
+        theta_text = f"{theta:.4g}" if theta is not None else "none"
+        kind = facts["layer_types"][layer]
+        print(f"  {layer:>5}  {kind:<17} {window!s:>6}  {theta_text:>10}  {scaling:<12} {rate:>9.2f}")
+    return 0
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    config = config_from(args, interventions_from(args))
+    result = analyze(args.model, config, out=Path(args.out), trust_remote_code=args.trust_remote_code)
+    per_layer = result.per_layer
+    print(f"wrote {args.out}: report.html, per_head/per_layer/profiles/offset_map.parquet, figures/", file=sys.stderr)
+    print(
+        per_layer[["layer", "layer_type", "mask_early", "mask_all", "resid_early", "resid_all", "sink_rate"]].to_string(
+            index=False, float_format=lambda x: f"{x:.4f}"
+        )
+    )
+    return 0

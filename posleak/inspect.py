@@ -1,0 +1,62 @@
+"""`posleak inspect`: a model's position facts, and its per-layer sink rate on the default corpus.
+
+Facts: architecture, RoPE base and scaling per layer, window per layer, the token at position 0
+under each BOS policy. Measured: the share of sink heads (α_0 > 0.3) per layer on a few sequences
+of the default corpus, through posleak's attention path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from posleak.capture import CaptureSession, QueryStats
+from posleak.data.batches import BOS_POLICIES, iter_batches, make_sequences, pos0_token
+from posleak.data.corpus import DEFAULT_CORPUS, load_corpus
+from posleak.errors import PosleakError
+from posleak.models.load import load_model
+
+
+def inspect_model(
+    spec: str,
+    *,
+    seq_len: int = 128,
+    num_seqs: int = 8,
+    batch_size: int = 4,
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """The facts and the sink rate of `spec` as one JSON-ready dict."""
+    loaded = load_model(spec, trust_remote_code=trust_remote_code)
+    tokenizer = loaded.tokenizer
+    position0: dict[str, Any] = {}
+    for policy in BOS_POLICIES:
+        try:
+            token = pos0_token(tokenizer, policy)
+        except PosleakError as err:  # `on` for a tokenizer without BOS
+            position0[policy] = {"error": str(err)}
+            continue
+        position0[policy] = (
+            {"id": token, "text": tokenizer.decode([token])} if token is not None else "first content token"
+        )
+    batch = make_sequences(load_corpus(DEFAULT_CORPUS), tokenizer, seq_len, num_seqs, bos="auto", seed=0)
+    stats = QueryStats()
+    session = CaptureSession([stats])
+    chunks = list(iter_batches(batch, batch_size))
+    for seq_index, ids in tqdm(chunks, desc=f"sink rate {spec}", unit="batch", disable=not progress):
+        session.forward(loaded.model, ids, seq_index)
+    result = stats.result()
+    return {
+        "model": spec,
+        "sha256": loaded.file_hash,
+        "facts": loaded.facts.to_dict(),
+        "position0": position0,
+        "sink_rate": {
+            "corpus": DEFAULT_CORPUS,
+            "seq_len": seq_len,
+            "num_seqs": num_seqs,
+            "bos": "auto",
+            "per_layer": [round(float(x), 4) for x in result.sink_rate],
+        },
+    }

@@ -1,0 +1,130 @@
+"""What posleak needs to know about a model, read from its config and tokenizer.
+
+`ModelFacts` is the one place that interprets a transformers config: the per-layer attention type,
+window and RoPE parameters (transformers 5 keeps these in `config.rope_parameters`, which Gemma 3
+keys by layer type), and whether the tokenizer prepends BOS on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+# Any text gives the answer; this one starts with no special token in any vocabulary we know.
+_PROBE_TEXT = "Position"
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """Shapes, per-layer positional set-up and BOS behaviour of one model; per-layer tuples are by layer index."""
+
+    architecture: str
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    max_positions: int | None
+    layer_types: tuple[str, ...]
+    window: tuple[int | None, ...]  # None: the layer attends to every earlier key
+    rope_theta: tuple[float | None, ...]  # None: the layer applies no RoPE
+    rope_type: tuple[str | None, ...]  # "default", "linear", "dynamic", "yarn", ...
+    rope_factor: tuple[float | None, ...]  # the scaling factor; None when unscaled
+    rotary_dim: tuple[int | None, ...]  # dimensions of each head that RoPE rotates
+    auto_bos: bool
+    bos_token: str | None
+    bos_token_id: int | None
+
+    @classmethod
+    def read(cls, config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase) -> ModelFacts:
+        text = config.get_text_config(decoder=True)
+        heads = text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+        layer_types, window = _attention_layout(text)
+        rope = [_rope_for(text, kind) for kind in layer_types]
+        bos_id = tokenizer.bos_token_id
+        return cls(
+            architecture=text.model_type,
+            layers=text.num_hidden_layers,
+            heads=heads,
+            kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            hidden=text.hidden_size,
+            max_positions=getattr(text, "max_position_embeddings", None),
+            layer_types=layer_types,
+            window=window,
+            rope_theta=tuple(_float_or_none(p.get("rope_theta")) for p in rope),
+            rope_type=tuple(p.get("rope_type", "default") if p else None for p in rope),
+            rope_factor=tuple(_float_or_none(p.get("factor")) for p in rope),
+            rotary_dim=tuple(int(head_dim * p.get("partial_rotary_factor", 1.0)) if p else None for p in rope),
+            auto_bos=_prepends_bos(tokenizer),
+            bos_token=tokenizer.bos_token if bos_id is not None else None,
+            bos_token_id=bos_id,
+        )
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The width of the sliding layers; None when every layer is global."""
+        widths = {w for w in self.window if w is not None}
+        return max(widths) if widths else None
+
+    def rope_theta_by_type(self) -> dict[str, float | None]:
+        """RoPE base per layer type, e.g. {"sliding_attention": 1e4, "full_attention": 1e6}."""
+        return dict(zip(self.layer_types, self.rope_theta, strict=True))
+
+    def summary(self) -> dict[str, Any]:
+        """The facts the zoo registry states for each built-in model (`ExpectedFacts.to_dict`)."""
+        return {
+            "architecture": self.architecture,
+            "layers": self.layers,
+            "heads": self.heads,
+            "kv_heads": self.kv_heads,
+            "rope_theta": self.rope_theta_by_type(),
+            "sliding_window": self.sliding_window,
+            "auto_bos": self.auto_bos,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: tuples become lists."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+def _attention_layout(config: PretrainedConfig) -> tuple[tuple[str, ...], tuple[int | None, ...]]:
+    """Per-layer type and window.
+
+    Configs with `layer_types` (Gemma, Qwen2, GPT-OSS) window only their sliding layers; configs
+    without it (Mistral) apply `sliding_window` to every layer, and Llama has no window at all.
+    """
+    width = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        kind = SLIDING if width is not None else FULL
+        types = [kind] * config.num_hidden_layers
+    window = tuple(width if kind == SLIDING else None for kind in types)
+    return tuple(types), window
+
+
+def _rope_for(config: PretrainedConfig, layer_type: str) -> dict[str, Any]:
+    """This layer type's RoPE parameters: a per-type entry when there is one, else the shared dict."""
+    params = getattr(config, "rope_parameters", None) or {}
+    per_type = params.get(layer_type)
+    return per_type if isinstance(per_type, dict) else params
+
+
+def _prepends_bos(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Encode a probe with and without special tokens: BOS is automatic when only the former starts with it."""
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        return False
+    with_special = tokenizer(_PROBE_TEXT, add_special_tokens=True)["input_ids"]
+    without = tokenizer(_PROBE_TEXT, add_special_tokens=False)["input_ids"]
+    return with_special[:1] == [bos] and without[:1] != [bos]
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)

@@ -1,0 +1,188 @@
+"""Load any model posleak can analyse: a built-in name, a local checkpoint folder, or a hub id.
+
+Every path ends the same way: a float32 (or `dtype`) eval-mode transformers model switched to
+posleak's attention function, its tokenizer, the hash of its weights, and its `ModelFacts`.
+Weights load from safetensors or GGUF only, never from pickles, and a checkpoint's own Python code
+runs only with `trust_remote_code=True` (DESIGN.md §7).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from posleak.errors import PosleakError
+from posleak.models import zoo
+from posleak.models.facts import ModelFacts
+
+_PICKLES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# What a causal LM needs from a hub repository; never its pickles.
+_HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for analysis, with what a result's provenance records about it."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str  # the spec it was loaded from: a built-in name, a folder, or a hub id
+    path: Path  # the folder holding its files
+    file_hash: str  # SHA-256 of the weights file (of the sorted name/hash list when sharded)
+    facts: ModelFacts
+    source_hash: str | None = None  # SHA-256 of the GGUF the weights were converted from, if any
+
+
+def load_model(
+    spec: str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    trust_remote_code: bool = False,
+    config_overrides: dict[str, Any] | None = None,
+    cache: Path | str | None = None,
+) -> LoadedModel:
+    """Load `spec`: a built-in name (already fetched), a local folder or .gguf file, or a hub id.
+
+    `config_overrides` replaces config fields (whole values, no deep merge) before the model is
+    built, e.g. {"rope_parameters": {...}} or {"sliding_window": 128}; unknown fields are refused.
+    `cache` is the zoo's cache root for built-in names (default: $POSLEAK_CACHE, ~/.cache/posleak).
+    """
+    if spec in zoo.ZOO:
+        stamp = zoo.verify(spec, cache)  # hashes every file, so the stamp's hashes describe what loads
+        folder, gguf = zoo.model_dir(spec, cache), None
+        file_hash, source_hash = stamp.weights_sha256, stamp.gguf_sha256
+    else:
+        folder, gguf = _resolve(spec, trust_remote_code)
+        file_hash = _weights_hash([folder / gguf] if gguf else sorted(folder.glob("*.safetensors")))
+        source_hash = file_hash if gguf else None
+    model, tokenizer = _read(spec, folder, gguf, dtype, trust_remote_code, config_overrides)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=spec,
+        path=folder,
+        file_hash=file_hash,
+        facts=ModelFacts.read(model.config, tokenizer),
+        source_hash=source_hash,
+    )
+
+
+def _resolve(spec: str, trust_remote_code: bool) -> tuple[Path, str | None]:
+    """The folder holding a non-built-in model and, for GGUF, the file's name."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        return _locate(path)
+    if _HUB_ID.match(spec):
+        return _locate(_download_hub(spec, trust_remote_code))
+    raise PosleakError(
+        f"no model {spec!r}: not a built-in name ({', '.join(zoo.ZOO)}), an existing folder, or a hub id (owner/name)"
+    )
+
+
+def _locate(path: Path) -> tuple[Path, str | None]:
+    """The checkpoint folder and, for GGUF, the file's name; refuses pickles and ambiguous folders."""
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise PosleakError(f"{path} is not a .gguf file; give a checkpoint folder (safetensors) or a .gguf file")
+        return path.parent, path.name
+    if any(path.glob("*.safetensors")):
+        return path, None
+    ggufs = sorted(p.name for p in path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return path, ggufs[0]
+    if ggufs:
+        raise PosleakError(f"{path} holds {len(ggufs)} .gguf files ({', '.join(ggufs)}); give the path of one of them")
+    if any(p.suffix in _PICKLES for p in path.iterdir()):
+        raise PosleakError(
+            f"{path} holds only pickled weights, which can run arbitrary code; posleak loads safetensors or "
+            "GGUF only: convert it with `model.save_pretrained(folder, safe_serialization=True)` in a trusted session"
+        )
+    raise PosleakError(f"{path} holds no model weights (*.safetensors or one *.gguf)")
+
+
+def _read(
+    name: str,
+    folder: Path,
+    gguf: str | None,
+    dtype: torch.dtype,
+    trust_remote_code: bool,
+    overrides: dict[str, Any] | None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Build the model (eval mode, posleak's attention) and its tokenizer; load failures become one line."""
+    from posleak.capture.attention import use_posleak_attention
+
+    try:
+        if gguf is None:
+            model, tokenizer = _read_safetensors(folder, dtype, trust_remote_code, overrides)
+        else:
+            config = _configure(AutoConfig.from_pretrained(folder, gguf_file=gguf), overrides)
+            model, tokenizer = zoo.read_gguf(folder / gguf, dtype, config)
+    except (OSError, ValueError, SafetensorError) as err:
+        raise _load_error(name, err) from None
+    use_posleak_attention(model.eval())
+    return model, tokenizer
+
+
+def _read_safetensors(
+    folder: Path, dtype: torch.dtype, trust_remote_code: bool, overrides: dict[str, Any] | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    config = _configure(AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code), overrides)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, config=config, dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code
+    )
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    return model, tokenizer
+
+
+def _configure(config: Any, overrides: dict[str, Any] | None) -> Any:
+    """Apply `overrides` to the config (the text config of a multimodal one)."""
+    target = config.get_text_config(decoder=True)
+    for key, value in (overrides or {}).items():
+        if not hasattr(target, key):
+            raise PosleakError(f"config_overrides: {type(target).__name__} has no field {key!r}")
+        setattr(target, key, value)
+    return config
+
+
+def _download_hub(repo: str, trust_remote_code: bool) -> Path:
+    """Snapshot the repository's configs, tokenizer and safetensors (and code only when trusted)."""
+    from huggingface_hub import snapshot_download
+
+    patterns = [*_HUB_FILES, "*.py"] if trust_remote_code else _HUB_FILES
+    try:
+        return Path(snapshot_download(repo, allow_patterns=patterns))
+    except Exception as err:  # the hub client raises many types (HTTP, offline, auth, not found)
+        raise PosleakError(
+            f"could not download {repo!r} from the Hugging Face hub ({_first_line(err)}); "
+            "check the network or give a local folder"
+        ) from None
+
+
+def _load_error(name: str, err: Exception) -> PosleakError:
+    if "trust_remote_code" in str(err):
+        return PosleakError(
+            f"{name} needs its own Python code to build the model; posleak runs it only when asked "
+            "(trust_remote_code=True, or --trust-remote-code)"
+        )
+    return PosleakError(f"could not load {name}: {_first_line(err)}")
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _weights_hash(files: list[Path]) -> str:
+    """One file: its SHA-256. Shards: the SHA-256 of their 'name sha256' lines, sorted by name."""
+    if len(files) == 1:
+        return zoo.sha256_file(files[0])
+    lines = "".join(f"{f.name} {zoo.sha256_file(f)}\n" for f in files)
+    return hashlib.sha256(lines.encode()).hexdigest()

@@ -1,0 +1,40 @@
+"""Fixtures shared by every test file.
+
+Built-in models: `zoo_model(name)` fetches a model into the default cache (idempotent: later
+sessions only verify it) and loads it once per session; `smollm2` and `gemma3` are the two that
+tests use. The loaded models are shared: leave their weights, config and attention as you found them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from posleak.models.load import LoadedModel, load_model
+from posleak.models.zoo import cache_root, fetch
+
+
+@pytest.fixture(scope="session")
+def zoo_model() -> Callable[[str], LoadedModel]:
+    # Pinned when the session starts, so a test that points POSLEAK_CACHE elsewhere cannot redirect it.
+    root = cache_root()
+    loaded: dict[str, LoadedModel] = {}
+
+    def get(name: str) -> LoadedModel:
+        if name not in loaded:
+            fetch(name, cache=root, progress=False)
+            loaded[name] = load_model(name, cache=root)
+        return loaded[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def smollm2(zoo_model: Callable[[str], LoadedModel]) -> LoadedModel:
+    return zoo_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def gemma3(zoo_model: Callable[[str], LoadedModel]) -> LoadedModel:
+    return zoo_model("gemma3-270m")
