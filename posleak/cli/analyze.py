@@ -1,4 +1,4 @@
-"""`posleak inspect`, `posleak analyze` and `posleak intervene`: the measurement commands."""
+"""`posleak inspect`, `analyze`, `intervene`, `compare` and `paper`: the measurement commands."""
 
 from __future__ import annotations
 
@@ -26,6 +26,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_analysis_options(analyze_parser)
     add_intervention_options(analyze_parser)
     analyze_parser.set_defaults(handler=_analyze)
+
+    intervene = sub.add_parser("intervene", help="baseline vs intervened run on the same sequences, and the effect")
+    intervene.add_argument("model", help="built-in name, checkpoint folder, or hub id")
+    add_analysis_options(intervene)
+    add_intervention_options(intervene)
+    intervene.set_defaults(handler=_intervene)
+
+    compare = sub.add_parser("compare", help="architecture comparison of finished runs (DESIGN.md §3.5)")
+    compare.add_argument("runs", nargs="+", help="run folders written by posleak analyze")
+    compare.add_argument("--labels", nargs="+", help="one label per run (default: model id and interventions)")
+    compare.add_argument("--out", required=True, help="folder for the comparison")
+    compare.set_defaults(handler=_compare)
+
+    paper = sub.add_parser("paper", help="reproduce claims C1–C6 of arXiv 2606.06160 on the built-in models")
+    size = paper.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="the default: about 15 minutes on 2 cores")
+    size.add_argument("--full", action="store_true", help="more and longer sequences")
+    paper.add_argument("--out", default="runs/paper", help="output folder (rerun to resume)")
+    paper.set_defaults(handler=_paper)
 
 
 def add_analysis_options(parser: argparse.ArgumentParser) -> None:
@@ -129,4 +148,34 @@ def _analyze(args: argparse.Namespace) -> int:
             index=False, float_format=lambda x: f"{x:.4f}"
         )
     )
+    return 0
+
+
+def _intervene(args: argparse.Namespace) -> int:
+    from posleak.intervene.effect import OVERALL, intervene
+
+    config = config_from(args, interventions_from(args))
+    run = intervene(args.model, config, out=Path(args.out), trust_remote_code=args.trust_remote_code)
+    overall = run.effect[run.effect["layer"] == OVERALL]
+    print(f"wrote {args.out}: effect.parquet, report.html, baseline/, intervened/", file=sys.stderr)
+    print(overall.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from posleak.compare import compare_runs
+
+    summary = compare_runs(args.runs, out=Path(args.out), labels=args.labels)
+    print(f"wrote {args.out}: comparison.parquet, figures/, report.html", file=sys.stderr)
+    print(summary.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    return 0
+
+
+def _paper(args: argparse.Namespace) -> int:
+    from posleak.experiments.paper import FULL, QUICK, reproduce
+
+    claims = reproduce(Path(args.out), FULL if args.full else QUICK)
+    print(f"wrote {args.out}: report.html, claims.json, runs/", file=sys.stderr)
+    for claim in claims:
+        print(f"{claim.claim}: {claim.verdict}")
     return 0

@@ -1,0 +1,49 @@
+"""Measurements on captured attention: the leakage decomposition (g, m, r), ΔR², bootstrap intervals."""
+
+from posleak.measure.bootstrap import identity_weights, percentile_interval, resample_weights
+from posleak.measure.decomposition import (
+    LAYER_MAGNITUDES,
+    MAGNITUDES,
+    Components,
+    Decomposition,
+    DecompositionAccumulator,
+    LayerProfile,
+    LayerSums,
+    UnitArrays,
+    Units,
+    cell_sums,
+    components,
+    magnitudes,
+    mask_component,
+    reduce_call,
+)
+from posleak.measure.grid import CellLayout, Grid, GridKind
+from posleak.measure.regression import DesignMoments, KeyRanges, RowSums, delta_r2, sum_of_squares
+
+__all__ = [
+    "LAYER_MAGNITUDES",
+    "MAGNITUDES",
+    "CellLayout",
+    "Components",
+    "Decomposition",
+    "DecompositionAccumulator",
+    "DesignMoments",
+    "Grid",
+    "GridKind",
+    "KeyRanges",
+    "LayerProfile",
+    "LayerSums",
+    "RowSums",
+    "UnitArrays",
+    "Units",
+    "cell_sums",
+    "components",
+    "delta_r2",
+    "identity_weights",
+    "magnitudes",
+    "mask_component",
+    "percentile_interval",
+    "reduce_call",
+    "resample_weights",
+    "sum_of_squares",
+]

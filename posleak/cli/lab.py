@@ -1,0 +1,127 @@
+"""`posleak train`, `posleak lab` and `posleak sweep`: the lab commands (posleak.lab)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import fields
+from pathlib import Path
+
+from posleak.lab.compare import VARIANTS, LabRun, run_lab
+from posleak.lab.config import NORMS, PE_KINDS, SIZES, LabSpec
+from posleak.lab.sweep import BACKENDS, SweepSpec, run_sweep
+from posleak.lab.trainer import TrainConfig, train
+from posleak.lab.trial import EvalConfig
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    train_parser = sub.add_parser("train", help="train one lab model from scratch")
+    _add_model_options(train_parser)
+    _add_training_options(train_parser)
+    train_parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for lab sizes)")
+    train_parser.add_argument("--out", required=True, help="output folder (rerun the same command to resume)")
+    train_parser.set_defaults(handler=_train)
+
+    lab_parser = sub.add_parser("lab", help="compare lab variants (position encodings, masks, norms) at one budget")
+    lab_parser.add_argument("--size", choices=list(SIZES), default="tiny")
+    lab_parser.add_argument("--bos", choices=["on", "off"], default="on")
+    lab_parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    lab_parser.add_argument("--ntk-factor", type=float, default=4.0, help="NTK factor of the rope-ntk variant")
+    _add_training_options(lab_parser)
+    _add_backend_options(lab_parser)
+    lab_parser.add_argument("--out", required=True, help="output folder (rerun to resume; finished variants stay)")
+    lab_parser.set_defaults(handler=_lab)
+
+    sweep_parser = sub.add_parser("sweep", help="run a YAML grid of lab configurations × seeds")
+    sweep_parser.add_argument("spec", help="sweep spec (YAML: name, base, grid, seeds, eval)")
+    _add_backend_options(sweep_parser)
+    sweep_parser.add_argument("--out", required=True, help="output folder (finished trials are never rerun)")
+    sweep_parser.set_defaults(handler=_sweep)
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    defaults = LabSpec()
+    group = parser.add_argument_group("lab model")
+    group.add_argument("--size", choices=list(SIZES), default=defaults.size)
+    group.add_argument("--pe", choices=list(PE_KINDS), default=defaults.pe, help="position encoding")
+    group.add_argument("--attention", default=defaults.attention, help="causal | window:W | prefix:P")
+    group.add_argument("--norm", choices=list(NORMS), default=defaults.norm, help="attention normalisation")
+    group.add_argument("--bos", choices=["on", "off"], default="on", help="<bos> at position 0 of every row")
+    group.add_argument("--rope-base", type=float, default=defaults.rope_base, help="RoPE θ")
+    group.add_argument("--rope-scaling", default=defaults.rope_scaling, help="none | ntk:K | linear:K")
+    group.add_argument(
+        "--rotary-fraction", type=float, default=defaults.rotary_fraction, help="share of each head RoPE rotates"
+    )
+
+
+def _add_training_options(parser: argparse.ArgumentParser) -> None:
+    defaults = TrainConfig()
+    group = parser.add_argument_group("training")
+    group.add_argument("--steps", type=int, default=defaults.steps)
+    group.add_argument("--seq-len", type=int, default=defaults.seq_len, help="training length T")
+    group.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    group.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate")
+    group.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
+    group.add_argument("--eval-every", type=int, default=defaults.eval_every)
+    group.add_argument("--checkpoint-every", type=int, default=defaults.checkpoint_every)
+    group.add_argument("--seed", type=int, default=defaults.seed)
+    group.add_argument("--corpus", default=defaults.corpus, help="stdlib | FILE.txt | FOLDER | FILE.jsonl[:field]")
+    group.add_argument(
+        "--vocab-size", type=int, default=defaults.vocab_size, help="BPE vocabulary trained on the corpus"
+    )
+
+
+def _add_backend_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=list(BACKENDS), default="local", help="run trials here or as Ray tasks")
+    parser.add_argument("--address", help="an existing Ray cluster (default: start a local one)")
+    parser.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="local backend: trials at a time (default: CPU count)"
+    )
+
+
+def _train_config(args: argparse.Namespace) -> TrainConfig:
+    names = {f.name for f in fields(TrainConfig)}
+    return TrainConfig(**{name: value for name, value in vars(args).items() if name in names})
+
+
+def _train(args: argparse.Namespace) -> int:
+    spec = LabSpec(
+        size=args.size,
+        pe=args.pe,
+        attention=args.attention,
+        norm=args.norm,
+        bos=args.bos == "on",
+        rope_base=args.rope_base,
+        rope_scaling=args.rope_scaling,
+        rotary_fraction=args.rotary_fraction,
+    )
+    result = train(spec, _train_config(args), Path(args.out), threads=args.threads)
+    last = result.metrics.dropna(subset=["val_loss"]).iloc[-1]
+    print(f"trained {result.step} steps: val loss {last['val_loss']:.4f} → {result.out}")
+    return 0
+
+
+def _lab(args: argparse.Namespace) -> int:
+    config = LabRun(
+        size=args.size,
+        bos=args.bos == "on",
+        train=_train_config(args),
+        eval=EvalConfig(),
+        variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()),
+        ntk_factor=args.ntk_factor,
+    )
+    table = run_lab(config, args.out, backend=args.backend, address=args.address, jobs=args.jobs)
+    print(
+        table[["variant", "ppl_1x", "ppl_2x", "ppl_4x", "probe_r2_best", "mask_all", "resid_all"]].to_string(
+            index=False
+        )
+    )
+    print(f"report: {Path(args.out) / 'report.html'}")
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    spec = SweepSpec.read(args.spec)
+    table = run_sweep(spec, args.out, backend=args.backend, address=args.address, jobs=args.jobs)
+    print(f"{len(table)} trials → {Path(args.out) / 'sweep.parquet'}, report: {Path(args.out) / 'report.html'}")
+    return 0

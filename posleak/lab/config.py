@@ -1,0 +1,186 @@
+"""The lab model's configuration: `LabConfig` (a transformers config) and `LabSpec`, the options a user states.
+
+A lab model varies one factor at a time (DESIGN.md §4):
+
+- position encoding `pe`: ``rope`` (base `rope_base`, scaling ``none`` / ``ntk:K`` / ``linear:K``, the
+  rotated share of each head `rotary_fraction`), ``nope``, ``alibi``, ``learned`` (absolute, a table of
+  `max_position_embeddings` rows), ``sinusoidal`` (absolute, fixed);
+- `attention`: ``causal``, ``window:W`` (query i sees keys with i − j < W) or ``prefix:P`` (the first P
+  positions see each other bidirectionally);
+- `norm`: ``softmax``, ``sink`` (softmax with a learned per-head sink logit, gpt-oss style) or
+  ``sigmoid`` (each weight σ(s_ij), unnormalised, with a learned per-head logit bias);
+- `bos`: whether position 0 of every training and evaluation row is the BOS token (a data-side policy,
+  recorded here so that whoever analyses the model uses the policy it was trained under).
+
+Embeddings are tied (the output layer reuses the token embedding): for the small vocabularies and
+widths of the lab it saves a third of the parameters of the tiny preset and changes nothing about
+where position enters.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from transformers import PretrainedConfig
+
+from posleak.errors import PosleakError
+
+PE_KINDS: tuple[str, ...] = ("rope", "nope", "alibi", "learned", "sinusoidal")
+NORMS: tuple[str, ...] = ("softmax", "sink", "sigmoid")
+ROPE_SCALINGS: tuple[str, ...] = ("none", "ntk", "linear")
+# hidden size, blocks, heads, MLP width. tiny ≈ 0.2 M parameters with a 512-token vocabulary.
+SIZES: dict[str, tuple[int, int, int, int]] = {
+    "tiny": (64, 3, 4, 256),
+    "small": (128, 4, 4, 512),
+    "base": (256, 6, 8, 1024),
+}
+# Sigmoid attention needs its logits centred well below 0 or every weight starts near 1/2 and the
+# output grows with the number of keys: b = −log n (Ramapuram et al., arXiv 2409.04431), n = 128 here.
+SIGMOID_BIAS_INIT = -math.log(128.0)
+
+
+class LabConfig(PretrainedConfig):
+    """A posleak lab decoder: pre-norm blocks (RMSNorm → attention, RMSNorm → GELU MLP), tied embeddings."""
+
+    model_type = "posleak_lab"
+
+    vocab_size: int = 512
+    hidden_size: int = 128
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    intermediate_size: int = 512
+    max_position_embeddings: int = 2048
+    pe: str = "rope"
+    rope_base: float = 10000.0
+    rope_scale_kind: str = "none"
+    rope_factor: float = 1.0
+    rotary_fraction: float = 1.0
+    attention: str = "causal"
+    norm: str = "softmax"
+    bos: bool = True
+    size: str | None = None
+    rms_norm_eps: float = 1e-6
+    initializer_range: float = 0.02
+    sigmoid_bias_init: float = SIGMOID_BIAS_INIT
+    tie_word_embeddings: bool = True
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+    # Derived in __post_init__ (kept as fields so that tools reading a config.json see them).
+    head_dim: int | None = None
+    num_key_value_heads: int | None = None
+    sliding_window: int | None = None
+    prefix_length: int = 0
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        _check_choice("pe", self.pe, PE_KINDS)
+        _check_choice("norm", self.norm, NORMS)
+        _check_choice("rope scaling", self.rope_scale_kind, ROPE_SCALINGS)
+        if self.hidden_size % self.num_attention_heads:
+            raise PosleakError(
+                f"hidden size {self.hidden_size} is not a multiple of {self.num_attention_heads} heads; change either"
+            )
+        self.head_dim = self.hidden_size // self.num_attention_heads
+        self.num_key_value_heads = self.num_attention_heads
+        self.sliding_window, self.prefix_length = parse_attention(self.attention)
+        if self.pe == "rope" and self.rotary_dim < 2:
+            raise PosleakError(f"rotary fraction {self.rotary_fraction} rotates no dimension pair; use at least 2/D")
+        super().__post_init__(**kwargs)
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of each head that RoPE rotates (an even number)."""
+        return 2 * int(self.head_dim * self.rotary_fraction / 2)
+
+    @property
+    def rope_theta(self) -> float:
+        """The base RoPE actually uses: NTK-aware scaling raises it to θ·k^(D/(D−2)), D the rotary dimension."""
+        if self.rope_scale_kind == "ntk":
+            dim = self.rotary_dim
+            return self.rope_base * self.rope_factor ** (dim / (dim - 2)) if dim > 2 else self.rope_base
+        return self.rope_base
+
+    @property
+    def rope_position_scale(self) -> float:
+        """Linear interpolation divides positions by the factor; other kinds leave them."""
+        return 1.0 / self.rope_factor if self.rope_scale_kind == "linear" else 1.0
+
+
+def parse_attention(spec: str) -> tuple[int | None, int]:
+    """``causal`` → (None, 0); ``window:W`` → (W, 0); ``prefix:P`` → (None, P)."""
+    kind, _, value = spec.partition(":")
+    if kind == "causal" and not value:
+        return None, 0
+    if kind in ("window", "prefix") and value.isdigit() and int(value) >= 1:
+        return (int(value), 0) if kind == "window" else (None, int(value))
+    raise PosleakError(f"unknown attention '{spec}'; use causal, window:W or prefix:P (W, P positive integers)")
+
+
+def parse_rope_scaling(spec: str) -> tuple[str, float]:
+    """``none`` → ("none", 1); ``ntk:K`` / ``linear:K`` → (kind, K) with K ≥ 1."""
+    kind, _, value = spec.partition(":")
+    if kind == "none" and not value:
+        return "none", 1.0
+    if kind in ("ntk", "linear"):
+        try:
+            factor = float(value)
+        except ValueError:
+            factor = 0.0
+        if factor >= 1.0:
+            return kind, factor
+    raise PosleakError(f"unknown RoPE scaling '{spec}'; use none, ntk:K or linear:K with a factor K ≥ 1")
+
+
+def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise PosleakError(f"unknown {what} '{value}'; use one of {', '.join(choices)}")
+
+
+@dataclass(frozen=True)
+class LabSpec:
+    """The options of one lab model, as a user states them (the `posleak train` flags, a sweep grid point)."""
+
+    size: str = "tiny"
+    pe: str = "rope"
+    attention: str = "causal"
+    norm: str = "softmax"
+    bos: bool = True
+    rope_base: float = 10000.0
+    rope_scaling: str = "none"
+    rotary_fraction: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_choice("size", self.size, tuple(SIZES))
+        _check_choice("pe", self.pe, PE_KINDS)
+        _check_choice("norm", self.norm, NORMS)
+        parse_attention(self.attention)
+        parse_rope_scaling(self.rope_scaling)
+
+    def config(self, vocab_size: int, max_positions: int, bos_id: int | None, eos_id: int | None) -> LabConfig:
+        """The model config for a tokenizer (vocabulary, special ids) and the longest length it must take."""
+        hidden, layers, heads, mlp = SIZES[self.size]
+        kind, factor = parse_rope_scaling(self.rope_scaling)
+        return LabConfig(
+            vocab_size=vocab_size,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=mlp,
+            max_position_embeddings=max_positions,
+            pe=self.pe,
+            rope_base=self.rope_base,
+            rope_scale_kind=kind,
+            rope_factor=factor,
+            rotary_fraction=self.rotary_fraction,
+            attention=self.attention,
+            norm=self.norm,
+            bos=self.bos,
+            size=self.size,
+            bos_token_id=bos_id,
+            eos_token_id=eos_id,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
