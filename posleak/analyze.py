@@ -38,7 +38,7 @@ from posleak.measure.position0 import fingerprint_constancy
 from posleak.models.load import LoadedModel, load_model
 from posleak.report import figures
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
-from posleak.report.runfolder import RunFolder, TokenCount, provenance
+from posleak.report.runfolder import MANIFEST, RunFolder, TokenCount, provenance
 
 # Checkpoint the accumulators at most this often (seconds): the exact grid's state is large.
 CHECKPOINT_EVERY_S = 20.0
@@ -92,9 +92,8 @@ def analyze(
     progress: bool = True,
 ) -> AnalysisResult:
     """Load the model `spec` (built-in name, folder, hub id), make the sequences, and analyse."""
-    run = RunFolder(Path(out)) if out is not None else None
-    if run is not None and run.is_complete:
-        return AnalysisResult.read(run)
+    if out is not None and (Path(out) / MANIFEST).exists() and RunFolder(Path(out)).is_complete:
+        return AnalysisResult.read(RunFolder(Path(out)))  # finished before: skip loading the model
     loaded = load_for(spec, config.interventions, trust_remote_code)
     batch = sequences_for(loaded, config)
     return analyze_model(loaded.model, batch, config, out=out, loaded=loaded, progress=progress)
@@ -341,7 +340,7 @@ def _manifest(
         interventions=[interventions] if interventions else [],
         timings=timings,
     )
-    manifest["data"] = batch.provenance()
+    manifest["data"] |= batch.provenance()
     manifest["measurement"] = decomposition.describe()
     manifest["early"] = config.early
     if loaded is not None:

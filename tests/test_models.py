@@ -11,13 +11,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from cli import assert_one_line_error, run_cli
 from safetensors.torch import save_file
 from tiny import WINDOW, tiny_model
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
@@ -40,22 +39,6 @@ def _tokenizer(prepend_bos: bool = False, bos: str | None = "<s>") -> PreTrained
     if prepend_bos:
         backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos, unk_token="<unk>")
-
-
-def _cli(*args: str, cache: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """`posleak ARGS` in a fresh interpreter (POSLEAK_CACHE set to `cache` when given)."""
-    env = {**os.environ, **({"POSLEAK_CACHE": str(cache)} if cache is not None else {})}
-    code = "import sys; from posleak.cli import main; sys.exit(main())"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=600)
-
-
-def _assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("posleak: error: "), proc.stderr
-    assert "Traceback" not in proc.stderr
-    for needle in needles:
-        assert needle in lines[0]
 
 
 def _listing(folder: Path) -> dict[str, int]:
@@ -181,9 +164,9 @@ def test_load_bad_specs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 # ---- fetch failures that happen before or instead of a download ----
 
 
-def test_fetch_unknown_name_cli(tmp_path: Path) -> None:
-    proc = _cli("fetch", "no-such-model", cache=tmp_path / "cache")
-    _assert_one_line_error(proc, "unknown model 'no-such-model'", SMOL)
+def test_fetch_unknown_namerun_cli(tmp_path: Path) -> None:
+    proc = run_cli("fetch", "no-such-model", cache=tmp_path / "cache")
+    assert_one_line_error(proc, "unknown model 'no-such-model'", SMOL)
     assert not (tmp_path / "cache").exists()
 
 
@@ -241,7 +224,7 @@ def test_fetch_verify_and_repair(tmp_path: Path) -> None:
     for call in (lambda: zoo.fetch(SMOL, cache=tmp_path, progress=False), lambda: load_model(SMOL, cache=tmp_path)):
         with pytest.raises(PosleakError, match=f"model.safetensors is corrupt.*posleak fetch {SMOL} --force"):
             call()
-    _assert_one_line_error(_cli("fetch", SMOL, cache=tmp_path), "model.safetensors", "--force")
+    assert_one_line_error(run_cli("fetch", SMOL, cache=tmp_path), "model.safetensors", "--force")
     assert _listing(tmp_path) == before
 
     zoo.fetch(SMOL, cache=tmp_path, progress=False, force=True)
@@ -260,7 +243,7 @@ def test_truncated_cache_copy(smollm2: LoadedModel, tmp_path: Path, monkeypatch:
     monkeypatch.setenv("POSLEAK_CACHE", str(tmp_path))
     with pytest.raises(PosleakError, match=r"model\.safetensors is truncated or altered"):
         load_model(SMOL)
-    _assert_one_line_error(_cli("fetch", SMOL), "truncated", f"posleak fetch {SMOL} --force")
+    assert_one_line_error(run_cli("fetch", SMOL), "truncated", f"posleak fetch {SMOL} --force")
     assert _listing(tmp_path) == before
 
 
@@ -295,7 +278,7 @@ def test_default_cache_is_verified_quickly(smollm2: LoadedModel, gemma3: LoadedM
 @pytest.mark.slow
 def test_models_json_matches_fetched_configs(smollm2: LoadedModel, gemma3: LoadedModel) -> None:
     cache = smollm2.path.parent.parent
-    proc = _cli("models", "--json", cache=cache)
+    proc = run_cli("models", "--json", cache=cache)
     assert proc.returncode == 0, proc.stderr
     rows = {row["name"]: row for row in json.loads(proc.stdout)}
     assert list(rows) == list(zoo.ZOO)
@@ -306,5 +289,5 @@ def test_models_json_matches_fetched_configs(smollm2: LoadedModel, gemma3: Loade
         folder = zoo.model_dir(name, cache)
         facts = ModelFacts.read(AutoConfig.from_pretrained(folder), AutoTokenizer.from_pretrained(folder))
         assert {k: row[k] for k in facts.summary()} == facts.summary(), name
-    table = _cli("models", cache=cache)
+    table = run_cli("models", cache=cache)
     assert table.returncode == 0 and all(name in table.stdout for name in zoo.ZOO)

@@ -29,6 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # transformers' per-tensor "Loading weights" bar is noise beside posleak's own progress bars.
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     try:
         return int(args.handler(args) or 0)
     except PosleakError as err:
@@ -37,7 +41,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("posleak: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
