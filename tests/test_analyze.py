@@ -12,7 +12,7 @@ import pytest
 import torch
 from cli import assert_one_line_error, run_cli
 from reference import check_against_reference
-from tiny import tiny_model
+from tiny import tiny_model, tiny_tokenizer
 
 from posleak import analyze as analyze_module
 from posleak.analyze import AnalysisResult, AnalyzeConfig, analyze_model, sequences_for
@@ -224,9 +224,14 @@ def test_sequence_longer_than_the_model_allows(smollm2: LoadedModel, tmp_path: P
     assert not out.exists() or not any(out.iterdir())
 
 
-@pytest.mark.slow
-def test_bos_on_without_a_bos_token(tmp_path: Path, zoo_model) -> None:
-    zoo_model("qwen2.5-coder-0.5b")  # fetched and verified
+def test_bos_on_without_a_bos_token(tmp_path: Path) -> None:
+    """A real checkpoint folder on disk whose tokenizer has no BOS token."""
+    folder = tmp_path / "no-bos-model"
+    tiny_model("llama").save_pretrained(folder)
+    tiny_tokenizer(bos=False).save_pretrained(folder)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(" ".join(f"w{k % 90 + 2}" for k in range(2000)))
     out = tmp_path / "run"
-    assert_one_line_error(run_cli("analyze", "qwen2.5-coder-0.5b", "--bos", "on", "--out", str(out)), "BOS")
-    assert not out.exists() or not any(out.iterdir())
+    args = ["analyze", str(folder), "--bos", "on", "--corpus", str(corpus), "--seq-len", "32", "--out", str(out)]
+    assert_one_line_error(run_cli(*args), "BOS")
+    assert not out.exists()

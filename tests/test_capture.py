@@ -178,3 +178,31 @@ def test_closed_system_check_catches_a_non_causal_model() -> None:
     report = closed_system(capture.states()[:, :, 0], ids[:, 0])
     with pytest.raises(PosleakError, match=r"closed-system check failed at resid\[1\]"):
         require_closed_system(report)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_real_models_match_eager_beyond_the_window(name: str, request: pytest.FixtureRequest) -> None:
+    """T = 600 > Gemma's 512 window: every hidden state and the logits, eager vs posleak, to 1e-5
+    relative to each layer's scale (the residual stream grows to hundreds in later layers)."""
+    from posleak.analyze import AnalyzeConfig, sequences_for
+
+    loaded = request.getfixturevalue(name)
+    model = loaded.model
+    ids = sequences_for(loaded, AnalyzeConfig(seq_len=600, num_seqs=1, cross_documents=True)).ids
+    try:
+        reference = _eager(model, ids)
+    finally:
+        use_posleak_attention(model)
+    session = CaptureSession([QueryStats()])
+    with session.active(torch.arange(1)), torch.no_grad():
+        ours = model(ids, output_hidden_states=True, use_cache=False)
+    assert dict(session.calls) == {layer: 1 for layer in range(model.config.num_hidden_layers)}
+    if name == "gemma3":
+        windows = {session.masks[layer].window for layer in session.masks}
+        assert windows == {512, None}, "the sliding layers must have run with their window"
+    for layer, (a, b) in enumerate(zip(reference.hidden_states, ours.hidden_states, strict=True)):
+        error = float((a - b).abs().max() / a.abs().max())
+        assert error <= 1e-5, f"hidden state {layer}: relative error {error:.2e}"
+    error = float((reference.logits - ours.logits).abs().max() / reference.logits.abs().max())
+    assert error <= 1e-5, f"logits: relative error {error:.2e}"

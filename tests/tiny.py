@@ -65,9 +65,10 @@ def tiny_model(family: str, seed: int = 0) -> PreTrainedModel:
 FAMILIES = ["llama", "qwen2", "mistral", "gemma3", "gemma2", "gpt_oss"]
 
 
-def tiny_tokenizer(vocab_size: int = _COMMON["vocab_size"]) -> PreTrainedTokenizerFast:
-    """A real word-level tokenizer: "<bos>" is 0, "<unk>" 1, and the word "wK" is token K ≥ 2."""
+def tiny_tokenizer(vocab_size: int = _COMMON["vocab_size"], bos: bool = True) -> PreTrainedTokenizerFast:
+    """A real word-level tokenizer: "<bos>" is 0 (a BOS token only if `bos`), "<unk>" 1, and the word
+    "wK" is token K ≥ 2."""
     vocab = {"<bos>": 0, "<unk>": 1, **{f"w{i}": i for i in range(2, vocab_size)}}
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<bos>", unk_token="<unk>")
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<bos>" if bos else None, unk_token="<unk>")

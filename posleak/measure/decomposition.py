@@ -157,7 +157,7 @@ def reduce_call(
         else:
             _add_binned(dense, block, layout)
         # squares of float32 logits summed in float64: each term carries the logit's own rounding only
-        rows.squares += block.by_offset.square().sum(dim=(-1, -2), dtype=torch.float64)
+        rows.squares += block.by_offset.square().sum(-1, dtype=torch.float64).sum(-1)  # (one dim at a time: faster)
         if bilinear is None:
             _add_first_moments(rows, block)
     if dense is not None:
@@ -229,8 +229,9 @@ def _offset_blocks(call: AttentionCall, dtype: torch.dtype, max_offsets: int | N
     query = (call.query.to(dtype) * call.scaling).view(batch, heads // groups, groups, seq_len, dim)
     keys = keys.to(dtype)
     span = min(seq_len, call.mask.window or seq_len, max_offsets or seq_len)
-    # a block of n queries forms n × (n + span − 1) logits of which n × span are used: keep n ≤ span
-    block = max(1, min(span, _BLOCK_ELEMENTS // (batch * heads * 2 * span)))
+    # a block of n queries forms n × (n + span − 1) logits, about n² of them wasted (keys ahead of the
+    # query and the zero padding): n ≤ 128 keeps that small next to n × span at little cost per product
+    block = max(1, min(span, 128, _BLOCK_ELEMENTS // (batch * heads * 2 * span)))
     for q0 in range(0, seq_len, block):
         q1 = min(seq_len, q0 + block)
         rows, offsets = q1 - q0, min(q1, span)
