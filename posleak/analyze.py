@@ -33,7 +33,7 @@ from posleak.data.batches import TokenBatch, iter_batches, load_token_file, make
 from posleak.data.corpus import load_corpus
 from posleak.errors import PosleakError
 from posleak.intervene import Interventions
-from posleak.measure import LAYER_MAGNITUDES, Decomposition, DecompositionAccumulator
+from posleak.measure import LAYER_MAGNITUDES, Decomposition, DecompositionAccumulator, Grid
 from posleak.measure.position0 import fingerprint_constancy
 from posleak.models.load import LoadedModel, load_model
 from posleak.report import figures
@@ -42,6 +42,9 @@ from posleak.report.runfolder import MANIFEST, RunFolder, TokenCount, provenance
 
 # Checkpoint the accumulators at most this often (seconds): the exact grid's state is large.
 CHECKPOINT_EVERY_S = 20.0
+# Profile tables on the exact grid grow as T²·heads·layers rows: beyond this length they are written
+# re-binned onto the coarse grid (the magnitudes are still computed on the exact grid).
+EXACT_TABLES_UP_TO = 128
 
 
 @dataclass(frozen=True)
@@ -268,15 +271,21 @@ def _tables(
             "closed_spread": closed.max_rel_spread.numpy(),
         }
     )
+    table_grid = tables_grid(decomposition.grid)
     return AnalysisResult(
         per_head=sink.merge(decomposition.per_head(), on=["layer", "head"]),
         per_layer=per_layer,
-        profiles=decomposition.profiles(),
-        offset_map=decomposition.offset_map(),
+        profiles=decomposition.profiles(table_grid),
+        offset_map=decomposition.offset_map(table_grid),
         position0=position0,
         bootstrap=_bootstrap_table(decomposition),
         manifest={},
     )
+
+
+def tables_grid(grid: Grid) -> Grid:
+    """The grid the profile tables are written on (see EXACT_TABLES_UP_TO)."""
+    return Grid(grid.seq_len, "coarse") if grid.kind == "exact" and grid.seq_len > EXACT_TABLES_UP_TO else grid
 
 
 def _bootstrap_table(decomposition: Decomposition) -> pd.DataFrame:
@@ -342,6 +351,7 @@ def _manifest(
     )
     manifest["data"] |= batch.provenance()
     manifest["measurement"] = decomposition.describe()
+    manifest["tables_grid"] = tables_grid(decomposition.grid).describe()
     manifest["early"] = config.early
     if loaded is not None:
         manifest["model"]["facts"] = loaded.facts.to_dict()

@@ -474,3 +474,22 @@ def test_tables_have_the_analyze_columns() -> None:
     assert list(result.offset_map().columns) == ["layer", "q_lo", "q_hi", "d_lo", "d_hi", "value"]
     assert len(result.offset_map()) == cells
     assert result.describe()["grid"]["kind"] == "coarse"
+
+
+def test_rebinned_profiles_are_count_weighted_means_of_the_exact_cells() -> None:
+    """Exact-grid tables written on the coarse grid: each coarse cell is the mean of the exact cells in it."""
+    model = tiny_model("mistral")
+    _, result, _ = run(model, _ids(model, 4), Grid(T, "exact"), early=12)
+    coarse = Grid(T, **SMALL_COARSE)
+    fine_table, coarse_table = result.profiles(), result.profiles(coarse)
+    assert len(coarse_table) < len(fine_table)
+    for row in coarse_table.sample(20, random_state=0).itertuples():
+        inside = fine_table[
+            (fine_table["layer"] == row.layer)
+            & (fine_table["head"] == row.head)
+            & fine_table["q_lo"].between(row.q_lo, row.q_hi)
+            & fine_table["d_lo"].between(row.d_lo, row.d_hi)
+        ]
+        assert inside["cells"].sum() == row.cells
+        for name in ("g", "m", "r"):
+            assert np.isclose(inside[name].mean(), getattr(row, name), rtol=1e-10, atol=1e-12)

@@ -33,7 +33,7 @@ throughout (see `reduce_call`), as are the ΔR² sums (regression.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -704,30 +704,32 @@ class Decomposition:
             frame[f"{name}_lo"], frame[f"{name}_hi"] = lo.numpy(), hi.numpy()
         return frame
 
-    def profiles(self) -> pd.DataFrame:
+    def profiles(self, grid: Grid | None = None) -> pd.DataFrame:
+        """g, m, r per cell and head; on `grid` (a coarser one) the count-weighted mean over its cells."""
         frames = []
         for p in self.layer_profiles:
-            heads, cells = p.r.shape
+            layout, on = _table_layout(p.layout, grid)
+            heads, cells = p.r.shape[0], layout.num_cells
             frames.append(
                 pd.DataFrame(
                     {
                         "layer": p.layer,
                         "head": torch.arange(heads).repeat_interleave(cells).numpy(),
-                        **_cell_bounds(p.layout, repeat=heads),
-                        "cells": p.layout.count.repeat(heads).long().numpy(),
-                        "g": p.layout.from_offsets(p.g).flatten().numpy(),
-                        "m": p.m_cell.flatten().numpy(),
-                        "r": p.r.flatten().numpy(),
+                        **_cell_bounds(layout, repeat=heads),
+                        "cells": layout.count.repeat(heads).long().numpy(),
+                        "g": on(p.layout.from_offsets(p.g)).flatten().numpy(),
+                        "m": on(p.m_cell).flatten().numpy(),
+                        "r": on(p.r).flatten().numpy(),
                     }
                 )
             )
         return pd.concat(frames, ignore_index=True)
 
-    def offset_map(self) -> pd.DataFrame:
-        frames = [
-            pd.DataFrame({"layer": p.layer, **_cell_bounds(p.layout, repeat=1), "value": p.offset_map.numpy()})
-            for p in self.layer_profiles
-        ]
+    def offset_map(self, grid: Grid | None = None) -> pd.DataFrame:
+        frames = []
+        for p in self.layer_profiles:
+            layout, on = _table_layout(p.layout, grid)
+            frames.append(pd.DataFrame({"layer": p.layer, **_cell_bounds(layout, repeat=1), "value": on(p.offset_map)}))
         return pd.concat(frames, ignore_index=True)
 
     def describe(self) -> dict[str, object]:
@@ -740,6 +742,29 @@ class Decomposition:
             "bootstrap": {"resamples": self.resamples, "seed": self.seed, "level": self.level},
             "bootstrap_note": self.bootstrap_note,
         }
+
+
+def _table_layout(layout: CellLayout, grid: Grid | None) -> tuple[CellLayout, Callable[[torch.Tensor], torch.Tensor]]:
+    """The layout tables are written on, and how per-cell values (..., C) move onto it."""
+    if grid is None or grid == layout.grid:
+        return layout, lambda values: values
+    coarse = grid.layout(layout.mask)
+    return coarse, lambda values: rebin(values, layout, coarse)
+
+
+def rebin(values: torch.Tensor, fine: CellLayout, coarse: CellLayout) -> torch.Tensor:
+    """Per-cell values (..., C) of `fine` as count-weighted means over the cells of `coarse`.
+
+    Exact only when every fine cell lies inside one coarse cell (always so from the exact grid)."""
+    bins = coarse.grid.num_bins
+    position_bin = coarse.grid.bin_of_position
+    lookup = torch.full((bins * bins,), -1, dtype=torch.long)
+    lookup[coarse.q_bin * bins + coarse.d_bin] = torch.arange(coarse.num_cells)
+    target = lookup[position_bin[fine.q_lo] * bins + position_bin[fine.d_lo]]
+    weight = fine.count.to(values.dtype)
+    sums = torch.zeros(*values.shape[:-1], coarse.num_cells, dtype=values.dtype)
+    totals = torch.zeros(coarse.num_cells, dtype=values.dtype).index_add_(0, target, weight)
+    return sums.index_add_(-1, target, values * weight) / totals
 
 
 def _cell_bounds(layout: CellLayout, repeat: int) -> dict[str, object]:
