@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posleak.capture import (
+    AttentionCall,
     CaptureSession,
     QueryStats,
     QueryStatsResult,
@@ -155,12 +156,13 @@ def analyze_model(
     edits = interventions.attention_edits(sink_heads)
     decomposition = DecompositionAccumulator(config.grid, batch.seq_len, batch.num_seqs, early=config.early)
     stats = QueryStats()
-    session = CaptureSession([decomposition, stats], edits=edits)
     pos0: list[torch.Tensor] = []
     done = _resume(run, decomposition, stats, pos0)
 
     chunks = list(iter_batches(batch, config.batch_size))
     bar = tqdm(total=len(chunks), initial=done, desc=f"analyze {model_id}", unit="batch", disable=not progress)
+    layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    session = CaptureSession([decomposition, stats, LayerProgress(bar, layers)], edits=edits)
     last_save = time.perf_counter()
     with interventions.applied(model, tokenizer, bos_at_0=batch.bos_id is not None):
         for index, (seq_index, ids) in enumerate(chunks):
@@ -190,6 +192,18 @@ def analyze_model(
         run.finish(manifest)
         result.run = run
     return result
+
+
+class LayerProgress:
+    """An accumulator that only shows, on the batch bar, which layer the forward has reached."""
+
+    needs_attended_keys = False
+
+    def __init__(self, bar: tqdm, layers: int) -> None:
+        self.bar, self.layers = bar, layers
+
+    def update(self, call: AttentionCall) -> None:
+        self.bar.set_postfix_str(f"layer {call.layer + 1}/{self.layers}", refresh=True)
 
 
 def _run_args(model_id: str, loaded: LoadedModel | None, batch: TokenBatch, config: AnalyzeConfig) -> dict[str, Any]:

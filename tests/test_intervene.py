@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tiny import WINDOW, tiny_model, tiny_tokenizer
-from transformers import MistralConfig, MistralForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from posleak.capture import AttentionEdits, CaptureSession, QueryStats, ResidualCapture, use_posleak_attention
 from posleak.errors import PosleakError
@@ -128,24 +128,9 @@ def test_window_override_masks_exactly_beyond_the_window() -> None:
     assert not torch.allclose(windowed[:, :, WINDOW:], base[:, :, WINDOW:])
 
 
-def _window_one_model() -> PreTrainedModel:
-    """Every query attends only to itself, so no query i ≥ 1 gives key 0 any attention."""
-    torch.manual_seed(0)
-    config = MistralConfig(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        sliding_window=1,
-    )
-    return use_posleak_attention(MistralForCausalLM(config).float().eval())
-
-
 @pytest.mark.parametrize("mode", ["zero", "mean"])
 def test_ablating_key0_of_a_head_that_gives_it_no_attention_changes_nothing(mode: str) -> None:
-    model = _window_one_model()
+    model = use_posleak_attention(tiny_model("mistral", window=1))  # queries attend only to themselves
     ids = _ids(model)
     base = _resid(model, ids)
     edits = Interventions(ablate_sink_values="0.1,1.0,1.3", ablate_mode=mode).attention_edits()

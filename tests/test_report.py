@@ -8,15 +8,13 @@ that refuses a different run, and (where Chromium is installed) a browser that l
 from __future__ import annotations
 
 import base64
-import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from browser import CHROMIUM, SKIP_REASON, check_in_chromium
 from PIL import Image
 
 from posleak.errors import PosleakError
@@ -38,7 +36,6 @@ from posleak.report.html import inline, paragraphs
 LAYERS, HEADS, T, WINDOW = 12, 4, 512, 128
 LAYER_TYPES = ["sliding_attention"] * 5 + ["full_attention"]  # Gemma 3's pattern, repeated
 HOSTILE = '<script>alert("x")</script>'
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def _bins(length: int, exact_until: int = 64, ratio: float = 1.25) -> list[tuple[int, int]]:
@@ -397,55 +394,7 @@ def test_clear_partial(tmp_path: Path) -> None:
 
 # --- a real browser ------------------------------------------------------------------------------------------
 
-# Injected into a copy of the report only (the report itself has no script): once the page has loaded,
-# it writes each image's naturalWidth into the DOM, which --dump-dom then prints.
-PROBE = """<script>
-window.addEventListener("load", () => {
-  const out = document.createElement("pre");
-  out.id = "probe";
-  out.textContent = JSON.stringify([...document.images].map((img) => img.complete ? img.naturalWidth : -1));
-  document.body.appendChild(out);
-});
-</script>"""
 
-
-def _chromium(profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--enable-logging=stderr",
-        "--v=0",
-        f"--user-data-dir={profile}",
-        *args,
-    ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
-
-
-def _console_errors(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)")
+@pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)
 def test_report_in_headless_chromium(rendered: RunFolder, tmp_path: Path) -> None:
-    screenshot = tmp_path / "report.png"
-    shown = _chromium(
-        tmp_path / "profile-a", f"--screenshot={screenshot}", "--window-size=1280,2000", rendered.report_path.as_uri()
-    )
-    assert _console_errors(shown.stderr) == []
-    with Image.open(screenshot) as image:
-        assert image.size == (1280, 2000)
-        assert len(image.convert("RGB").getcolors(maxcolors=1 << 20) or []) > 50
-
-    probe = tmp_path / "probe.html"
-    probe.write_text(rendered.report_path.read_text().replace("</body>", PROBE + "</body>"))
-    dumped = _chromium(tmp_path / "profile-b", "--dump-dom", "--virtual-time-budget=5000", probe.as_uri())
-    assert _console_errors(dumped.stderr) == []
-    widths = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', dumped.stdout).group(1))
-    assert len(widths) == 4 and all(width > 0 for width in widths), widths
+    assert check_in_chromium(rendered.report_path, tmp_path) == 4

@@ -33,28 +33,28 @@ _COMMON = dict(
 )
 
 
-def tiny_model(family: str, seed: int = 0) -> PreTrainedModel:
-    """A float32, eval-mode model of `family` with random weights (seeded)."""
+def tiny_model(family: str, seed: int = 0, window: int = WINDOW) -> PreTrainedModel:
+    """A float32, eval-mode model of `family` with random weights (seeded); `window` for the sliding layers."""
     torch.manual_seed(seed)
     if family == "llama":
         model = LlamaForCausalLM(LlamaConfig(**_COMMON))
     elif family == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**_COMMON))
     elif family == "mistral":
-        model = MistralForCausalLM(MistralConfig(**_COMMON, sliding_window=WINDOW))
+        model = MistralForCausalLM(MistralConfig(**_COMMON, sliding_window=window))
     elif family == "gemma3":
         layer_types = ["sliding_attention", "sliding_attention", "full_attention"]
         model = Gemma3ForCausalLM(
-            Gemma3TextConfig(**_COMMON, head_dim=32, sliding_window=WINDOW, layer_types=layer_types)
+            Gemma3TextConfig(**_COMMON, head_dim=32, sliding_window=window, layer_types=layer_types)
         )
     elif family == "gemma2":  # soft-capped logits
         model = Gemma2ForCausalLM(
-            Gemma2Config(**_COMMON, head_dim=16, sliding_window=WINDOW, attn_logit_softcapping=5.0)
+            Gemma2Config(**_COMMON, head_dim=16, sliding_window=window, attn_logit_softcapping=5.0)
         )
     elif family == "gpt_oss":  # learned sink logits
         model = GptOssForCausalLM(
             GptOssConfig(
-                **{**_COMMON, "num_local_experts": 2, "num_experts_per_tok": 1}, head_dim=16, sliding_window=WINDOW
+                **{**_COMMON, "num_local_experts": 2, "num_experts_per_tok": 1}, head_dim=16, sliding_window=window
             )
         )
     else:

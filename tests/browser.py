@@ -1,0 +1,67 @@
+"""Open a report in headless Chromium (Debian's package) as a reader would: no console errors, every
+image loaded, a screenshot with content. Tests skip where Chromium is missing, saying so."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from PIL import Image
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SKIP_REASON = "Chromium is not installed (apt-get install chromium)"
+
+# Injected into a copy of the report only (the report itself has no script): once the page has loaded,
+# it writes each image's naturalWidth into the DOM, which --dump-dom then prints.
+PROBE = """<script>
+window.addEventListener("load", () => {
+  const out = document.createElement("pre");
+  out.id = "probe";
+  out.textContent = JSON.stringify([...document.images].map((img) => img.complete ? img.naturalWidth : -1));
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def _chromium(profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--enable-logging=stderr",
+        "--v=0",
+        f"--user-data-dir={profile}",
+        *args,
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+
+
+def _console_errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+
+
+def check_in_chromium(report: Path, tmp_path: Path) -> int:
+    """Screenshot `report` and load a probed copy; returns the number of images, all loaded."""
+    screenshot = tmp_path / "report.png"
+    shown = _chromium(tmp_path / "profile-a", f"--screenshot={screenshot}", "--window-size=1280,2000", report.as_uri())
+    assert _console_errors(shown.stderr) == []
+    with Image.open(screenshot) as image:
+        assert image.size == (1280, 2000)
+        assert len(image.convert("RGB").getcolors(maxcolors=1 << 20) or []) > 50
+
+    probe = tmp_path / "probe.html"
+    probe.write_text(report.read_text().replace("</body>", PROBE + "</body>"))
+    dumped = _chromium(tmp_path / "profile-b", "--dump-dom", "--virtual-time-budget=5000", probe.as_uri())
+    assert _console_errors(dumped.stderr) == []
+    widths = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', dumped.stdout).group(1))
+    assert widths and all(width > 0 for width in widths), widths
+    return len(widths)
