@@ -3,8 +3,9 @@
 For each length T, on the same N = 4 sequences, in one process and interleaved over repeats:
   (a) plain `model(input_ids)` with SDPA, (b) eager with `output_attentions=True`,
   (c) `analyze` on the coarse grid, (d) `analyze` on the exact grid,
-and the ratios c/a and d/b (medians over repeats). Peak memory of each is measured in a fresh
-subprocess (peak RSS minus the RSS after loading the model), since a process's peak cannot be reset.
+and the ratios c/a and d/b (medians over repeats). Peak memory of each is the largest resident set
+size a sampling thread sees during the task, minus the resident size when the task starts (torch hands
+large blocks back to the system when it frees them, so each task starts from the same floor).
 
     python benchmarks/bench_analyze.py                 # T = 512 and 2048 (a, b, c, d), T = 8192 (a, c)
     python benchmarks/bench_analyze.py --lengths 512   # a quicker look
@@ -15,13 +16,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import resource
 import statistics
-import subprocess
-import sys
+import threading
 import time
 from collections.abc import Callable
 
+import psutil
 import torch
 
 from posleak.analyze import AnalyzeConfig, analyze_model, sequences_for
@@ -69,28 +69,38 @@ def _wanted(seq_len: int) -> list[str]:
     )
 
 
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+class PeakMemory:
+    """Samples this process's resident set size every few milliseconds while the block runs."""
 
+    def __init__(self, interval_s: float = 0.005) -> None:
+        self.interval_s = interval_s
+        self.process = psutil.Process()
 
-def measure_memory(seq_len: int, task: str) -> float:
-    """Child mode: peak RSS (MB) that one run of `task` adds above the loaded model."""
-    loaded = load_model(MODEL)
-    tasks = _tasks(loaded, seq_len)
-    before = _rss_mb()
-    tasks[task]()
-    return _rss_mb() - before
+    def __enter__(self) -> PeakMemory:
+        self.start = self.peak = self.process.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak = max(self.peak, self.process.memory_info().rss)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def added_mb(self) -> float:
+        return (self.peak - self.start) / 2**20
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--memory-child", nargs=2, metavar=("T", "TASK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.memory_child:
-        print(json.dumps(measure_memory(int(args.memory_child[0]), args.memory_child[1])))
-        return
 
     torch.manual_seed(0)
     loaded = load_model(MODEL)
@@ -98,25 +108,16 @@ def main() -> None:
     for seq_len in args.lengths:
         tasks, wanted = _tasks(loaded, seq_len), _wanted(seq_len)
         times: dict[str, list[float]] = {name: [] for name in wanted}
-        for _ in range(args.repeats):  # interleaved, so that drifting machine load hits every task alike
+        memory: dict[str, float] = {name: 0.0 for name in wanted}
+        repeats = args.repeats if seq_len <= 2048 else 1
+        for _ in range(repeats):  # interleaved, so that drifting machine load hits every task alike
             for name in wanted:
-                start = time.perf_counter()
-                tasks[name]()
-                times[name].append(time.perf_counter() - start)
+                with PeakMemory() as peak:
+                    start = time.perf_counter()
+                    tasks[name]()
+                    times[name].append(time.perf_counter() - start)
+                memory[name] = max(memory[name], peak.added_mb)
         seconds = {name: statistics.median(t) for name, t in times.items()}
-        memory = {
-            name: json.loads(
-                subprocess.run(
-                    [sys.executable, __file__, "--memory-child", str(seq_len), name],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                )
-                .stdout.strip()
-                .splitlines()[-1]
-            )
-            for name in wanted
-        }
         row = {"T": seq_len, "seconds": seconds, "peak_mb_above_model": memory}
         row["c/a"] = seconds["c_analyze_coarse"] / seconds["a_sdpa"]
         row["mem c/a"] = memory["c_analyze_coarse"] / memory["a_sdpa"]
