@@ -2,7 +2,9 @@
 
 For each length T, on the same N = 4 sequences, in one process and interleaved over repeats:
   (a) plain `model(input_ids)` with SDPA, (b) eager with `output_attentions=True`,
-  (c) `analyze` on the coarse grid, (d) `analyze` on the exact grid,
+  (c) `analyze` on the coarse grid (defaults: 200 bootstrap resamples),
+  (d) `analyze` on the exact grid without bootstrap intervals (`--bootstrap 0`: resampling every one of
+      the T²/2 cells 200 times would dwarf the forward; intervals are a coarse-grid feature),
 and the ratios c/a and d/b (medians over repeats). Peak memory of each is the largest resident set
 size a sampling thread sees during the task, minus the resident size when the task starts (torch hands
 large blocks back to the system when it frees them, so each task starts from the same floor).
@@ -14,7 +16,6 @@ large blocks back to the system when it frees them, so each task starts from the
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import threading
@@ -33,7 +34,10 @@ NUM_SEQS = 4
 
 
 def _config(seq_len: int, grid: str = "coarse") -> AnalyzeConfig:
-    return AnalyzeConfig(seq_len=seq_len, num_seqs=NUM_SEQS, batch_size=1, grid=grid, cross_documents=True)
+    bootstrap = AnalyzeConfig().bootstrap if grid == "coarse" else 0
+    return AnalyzeConfig(
+        seq_len=seq_len, num_seqs=NUM_SEQS, batch_size=1, grid=grid, cross_documents=True, bootstrap=bootstrap
+    )
 
 
 def _tasks(loaded: LoadedModel, seq_len: int) -> dict[str, Callable[[], object]]:
@@ -50,8 +54,7 @@ def _tasks(loaded: LoadedModel, seq_len: int) -> dict[str, Callable[[], object]]
             use_posleak_attention(model)
 
     def analysis(grid: str) -> None:
-        config = _config(seq_len, grid)
-        analyze_model(model, batch, dataclasses.replace(config), loaded=loaded, progress=False)
+        analyze_model(model, batch, _config(seq_len, grid), loaded=loaded, progress=False)
 
     return {
         "a_sdpa": lambda: plain("sdpa"),

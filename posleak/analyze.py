@@ -155,7 +155,7 @@ def analyze_model(
     sink_heads = _sink_heads(model, batch, config) if interventions.needs_sink_heads else None
     edits = interventions.attention_edits(sink_heads)
     decomposition = DecompositionAccumulator(config.grid, batch.seq_len, batch.num_seqs, early=config.early)
-    stats = QueryStats()
+    stats = QueryStats(entropy=False)
     pos0: list[torch.Tensor] = []
     done = _resume(run, decomposition, stats, pos0)
 
@@ -253,7 +253,7 @@ def _check_finite(states: torch.Tensor, model_id: str) -> None:
 
 def _sink_heads(model: PreTrainedModel, batch: TokenBatch, config: AnalyzeConfig) -> dict[int, tuple[int, ...]]:
     """Heads with α_0 > ε on these sequences without any intervention (for --ablate-sink-values auto)."""
-    stats = QueryStats()
+    stats = QueryStats(entropy=False)
     session = CaptureSession([stats])
     for seq_index, ids in iter_batches(batch, config.batch_size):
         session.forward(model, ids, seq_index)

@@ -41,7 +41,7 @@ def inspect_model(
             {"id": token, "text": tokenizer.decode([token])} if token is not None else "first content token"
         )
     batch = make_sequences(load_corpus(DEFAULT_CORPUS), tokenizer, seq_len, num_seqs, bos="auto", seed=0)
-    stats = QueryStats()
+    stats = QueryStats(entropy=False)
     session = CaptureSession([stats])
     chunks = list(iter_batches(batch, batch_size))
     for seq_index, ids in tqdm(chunks, desc=f"sink rate {spec}", unit="batch", disable=not progress):

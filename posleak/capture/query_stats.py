@@ -21,7 +21,7 @@ class QueryStatsResult:
 
     log_z: torch.Tensor
     attn_key0: torch.Tensor
-    entropy: torch.Tensor  # NaN for sigmoid normalisation (not a distribution)
+    entropy: torch.Tensor | None  # NaN for sigmoid normalisation (not a distribution); None when not kept
     sink_score: torch.Tensor  # α_0 = mean over queries i ≥ 1 of a_{i,0}
     sink_score_per_seq: torch.Tensor  # (N, L, H), rows in input order
     num_seqs: int
@@ -37,18 +37,21 @@ class QueryStatsResult:
 
 
 class QueryStats:
-    """Accumulates log Z_i, a_{i,0} and the entropy of each attention row."""
+    """Accumulates log Z_i, a_{i,0} and (unless `entropy=False`) the entropy of each attention row.
 
-    needs_attended_keys = True
+    The entropy needs Σ_j a_ij k_j, which doubles the flash call's work; `analyze` does not report it."""
 
-    def __init__(self) -> None:
+    def __init__(self, entropy: bool = True) -> None:
+        self.needs_attended_keys = entropy
         self._sums: dict[int, dict[str, torch.Tensor]] = {}
         self._per_seq: dict[int, dict[int, torch.Tensor]] = {}
         self._counts: dict[int, int] = {}
 
     def update(self, call: AttentionCall) -> None:
         a0 = call.attention_on_key0()
-        fields = {"log_z": call.log_z, "attn_key0": a0, "entropy": row_entropy(call)}
+        fields = {"log_z": call.log_z, "attn_key0": a0}
+        if self.needs_attended_keys:
+            fields["entropy"] = row_entropy(call)
         sums = self._sums.setdefault(call.layer, {})
         for name, value in fields.items():
             total = value.double().sum(dim=0)
@@ -80,7 +83,7 @@ class QueryStats:
         return QueryStatsResult(
             log_z=stack("log_z"),
             attn_key0=attn_key0,
-            entropy=stack("entropy"),
+            entropy=stack("entropy") if self.needs_attended_keys else None,
             sink_score=attn_key0[:, :, 1:].mean(dim=-1),
             sink_score_per_seq=per_seq,
             num_seqs=n,
