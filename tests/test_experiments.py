@@ -54,9 +54,13 @@ def test_position0_tables(paper: Path) -> None:
 @pytest.mark.slow
 def test_every_run_folder_is_complete(paper: Path) -> None:
     manifest = json.loads((paper / "manifest.json").read_text())
-    assert len(manifest["runs"]) >= 10
-    for run in manifest["runs"].values():
-        assert json.loads((Path(run) / "manifest.json").read_text())["status"] == "complete"
+    readers = pd.read_parquet(paper / "sink_readers.parquet")
+    folders = sorted((paper / "runs").iterdir())
+    # 3 models, 2 NTK factors, Gemma with BOS and 3 replacements, one run per ablated sink head
+    assert len(folders) == 9 + len(readers)
+    assert set(manifest["runs"].values()) <= {str(folder) for folder in folders}
+    for folder in folders:
+        assert json.loads((folder / "manifest.json").read_text())["status"] == "complete", folder
 
 
 @pytest.mark.slow
