@@ -147,6 +147,13 @@ def _pct(effect: pd.DataFrame, measure: str, layer: int = OVERALL) -> dict[str, 
     return {name: float(row[name]) for name in ("pct_change", "pct_lo", "pct_hi")}
 
 
+def _verdict(consistent: bool, not_consistent: bool) -> Verdict:
+    """The three-way verdict of a criterion: `consistent` wins when both conditions hold."""
+    if consistent:
+        return "consistent"
+    return "not consistent" if not_consistent else "inconclusive"
+
+
 def _share_positive(per_layer: pd.DataFrame, column: str) -> float:
     """Share of layers whose bootstrap lower bound of `column` is above zero."""
     return float((per_layer[f"{column}_lo"] > 0).mean())
@@ -174,13 +181,7 @@ def claim_c1(runs: dict[str, AnalysisResult]) -> Claim:
             "dr2_logit_median": float(per_head["dr2_logit"].median()),
         }
         holds.append((resid_share >= 0.5 and mask_all_layers, resid_share > 0 or mask_all_layers))
-    verdict: Verdict = (
-        "consistent"
-        if all(h for h, _ in holds)
-        else "not consistent"
-        if not any(a for _, a in holds)
-        else "inconclusive"
-    )
+    verdict = _verdict(all(h for h, _ in holds), not any(a for _, a in holds))
     return Claim(
         "C1",
         "RoPE-trained models show absolute position in their attention patterns.",
@@ -215,13 +216,7 @@ def claim_c2(runs: dict[str, AnalysisResult]) -> Claim:
         falling = float((trend < 0).mean())
         numbers[label] = {"layers_mask_early_lo_above_0": share, "layers_m_falling": falling}
         verdicts.append((share >= 0.9 and falling >= 0.9, share < 0.5 or falling < 0.5))
-    verdict: Verdict = (
-        "consistent"
-        if all(ok for ok, _ in verdicts)
-        else "not consistent"
-        if all(bad for _, bad in verdicts)
-        else "inconclusive"
-    )
+    verdict = _verdict(all(ok for ok, _ in verdicts), all(bad for _, bad in verdicts))
     return Claim(
         "C2",
         "The causal mask makes the softmax denominator depend on the query position.",
@@ -244,9 +239,7 @@ def claim_c3(all_runs: list[AnalysisResult], readers: pd.DataFrame) -> Claim:
     spread = max(float(r.manifest["closed_system"]["max_rel_spread"]) for r in all_runs)
     lowering = int((readers["effect_hi"] < 0).sum()) if len(readers) else 0
     raising = bool(len(readers)) and bool((readers["effect_lo"] > 0).all())
-    verdict: Verdict = (
-        "consistent" if closed and lowering > 0 else "not consistent" if not closed or raising else "inconclusive"
-    )
+    verdict = _verdict(closed and lowering > 0, not closed or raising)
     numbers = {
         "closed_system_holds_in_all_runs": closed,
         "closed_system_max_rel_spread": spread,
@@ -282,7 +275,7 @@ def claim_c4(summary: pd.DataFrame, ntk_effects: dict[float, pd.DataFrame], slid
     sliding = summary.set_index("run").loc[sliding_label]
     a = ntk["pct_hi"] < 0
     b = sliding["resid_all_slope"] > 0 and sliding["resid_all_spearman"] > 0.3
-    verdict: Verdict = "consistent" if a and b else "not consistent" if not (a or b) else "inconclusive"
+    verdict = _verdict(a and b, not (a or b))
     numbers = {
         "ntk_effect_on_resid_all": {str(k): _pct(v, "resid_all") for k, v in ntk_effects.items()},
         "ntk_effect_on_mask_all": {str(k): _pct(v, "mask_all") for k, v in ntk_effects.items()},
@@ -320,7 +313,7 @@ def claim_c5(effects: dict[str, pd.DataFrame]) -> Claim:
         numbers[kind] = removed
         meets.append(removed["removed_lo"] > 0 and removed["removed_hi"] >= 20 and removed["removed_lo"] <= 60)
         outside.append(removed["removed_hi"] < 20 or removed["removed_lo"] > 60 or removed["removed_hi"] <= 0)
-    verdict: Verdict = "consistent" if any(meets) else "not consistent" if all(outside) else "inconclusive"
+    verdict = _verdict(any(meets), all(outside))
     return Claim(
         "C5",
         f"Replacing the BOS embedding removes about {PAPER_BOS_REMOVED:.0f}% of the residual-stream component at "
@@ -352,13 +345,7 @@ def claim_c6(fingerprints: dict[str, pd.DataFrame]) -> Claim:
             "mean_cos_without_bos": float(table["fingerprint_cos_nobos"].mean()),
         }
         checks.append((constant and varies, not constant or not varies))
-    verdict: Verdict = (
-        "consistent"
-        if all(ok for ok, _ in checks)
-        else "not consistent"
-        if all(bad for _, bad in checks)
-        else "inconclusive"
-    )
+    verdict = _verdict(all(ok for ok, _ in checks), all(bad for _, bad in checks))
     return Claim(
         "C6",
         "Attention sinks pass forward a deterministic fingerprint of the token at position 0: constant across "
