@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from posleak.analyze import AnalysisResult, AnalyzeConfig, analyze_model, load_for, sequences_for
 from posleak.capture import CaptureSession, ResidualCapture
+from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.compare import summarise
 from posleak.data.batches import TokenBatch, iter_batches
 from posleak.intervene import Interventions
@@ -389,7 +390,7 @@ def fingerprint_table(repro: Reproduction, model: str) -> pd.DataFrame:
 
 def sink_readers(repro: Reproduction, model: str, baseline: AnalysisResult, name: str) -> pd.DataFrame:
     """Rank the strongest sink heads by the effect of ablating their value at key 0 on later layers."""
-    heads = baseline.per_head[baseline.per_head["sink_score"] > 0.3]
+    heads = baseline.per_head[baseline.per_head["sink_score"] > SINK_THRESHOLD]
     heads = heads[heads["layer"] < heads["layer"].max()]  # a head in the last layer has no later layers
     heads = heads.sort_values("sink_score", ascending=False).head(repro.plan.sink_readers)
     config = repro.config(model)
