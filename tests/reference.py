@@ -236,7 +236,7 @@ def compare(result: Decomposition, accumulator: DecompositionAccumulator, record
         g_per_offset = profile.g[:, result.grid.bin_of_position].numpy()
         record("g", relative_error(np.where(np.isnan(ref.g), np.nan, g_per_offset), ref.g))
         record("m", relative_error(profile.m, ref.m))
-        record("cell_sums", relative_error(sums.unit_cells(layout).sum(0), ref.cell_sums))
+        record("cell_sums", relative_error(sums.arrays(layout).cells.sum(0), ref.cell_sums))
         record("cell_g", relative_error(layout.from_offsets(profile.g), ref.cell_g))
         record("cell_m", relative_error(profile.m_cell, ref.cell_m))
         record("r", relative_error(profile.r, ref.cell_r))

@@ -22,7 +22,6 @@ from posleak.measure import (
     MAGNITUDES,
     DecompositionAccumulator,
     Grid,
-    UnitArrays,
     Units,
     cell_sums,
     components,
@@ -30,6 +29,7 @@ from posleak.measure import (
     magnitudes,
     percentile_interval,
     resample_weights,
+    resampled_magnitudes,
     sum_of_squares,
 )
 from posleak.measure.regression import DesignMoments, delta_r2, kv_heads
@@ -357,10 +357,33 @@ def test_resampling_weights_of_ones_reproduce_the_point_estimate() -> None:
         sums = accumulator.layers[layer]
         layout = result.layer_profiles[index].layout
         weights = identity_weights(accumulator.units.count)
-        parts = components(sums, UnitArrays.of(sums, layout), layout, accumulator.units, weights)
+        parts = components(sums.arrays(layout), layout, accumulator.units, weights)
         again = magnitudes(parts, layout, ranges)
         for name in MAGNITUDES:
             assert torch.equal(again[name][0], result.magnitudes[name][index])
+
+
+@pytest.mark.parametrize(("family", "grid"), [("mistral", "coarse"), ("gemma3", "exact"), ("gpt_oss", "coarse")])
+def test_resampled_magnitudes_equal_recomputing_the_components(family: str, grid: str) -> None:
+    """The bootstrap's second-moment shortcut against components() + magnitudes() on the same weights, for
+    random resamples (some with a half not drawn) and the point estimate; windows, sinks, uniform and
+    partial cells included."""
+    model = tiny_model(family)
+    layout_grid = Grid(T, "exact") if grid == "exact" else Grid(T, **SMALL_COARSE)
+    accumulator, result, _ = run(model, _ids(model, 6), layout_grid, early=12, resamples=0)
+    ranges = {"early": (1, 12), "all": (1, T)}
+    weights = torch.cat([identity_weights(6), resample_weights(6, 40, seed=5)])
+    assert (weights[:, :3].sum(1) == 0).any() or (weights[:, 3:].sum(1) == 0).any()  # an empty half is covered
+    for index, layer in enumerate(result.layers):
+        sums = accumulator.layers[layer]
+        layout = result.layer_profiles[index].layout
+        arrays = sums.arrays(layout)
+        point = components(arrays, layout, accumulator.units, identity_weights(6))
+        direct = magnitudes(components(arrays, layout, accumulator.units, weights), layout, ranges)
+        shortcut = resampled_magnitudes(arrays, layout, accumulator.units, weights, ranges, point)
+        for name in MAGNITUDES:
+            torch.testing.assert_close(shortcut[name], direct[name], rtol=1e-9, atol=1e-12, equal_nan=True)
+    assert not layout_grid.layout(MaskSpec()).uniform.all() or grid == "exact"  # partial cells exercised
 
 
 def test_resample_weights_and_percentiles() -> None:

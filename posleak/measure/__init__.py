@@ -1,24 +1,27 @@
 """Measurements on captured attention: the leakage decomposition (g, m, r), ΔR², bootstrap intervals."""
 
 from posleak.measure.bootstrap import identity_weights, percentile_interval, resample_weights
-from posleak.measure.decomposition import (
-    LAYER_MAGNITUDES,
+from posleak.measure.components import (
     MAGNITUDES,
     Components,
+    UnitArrays,
+    Units,
+    components,
+    magnitudes,
+    mask_component,
+)
+from posleak.measure.decomposition import (
+    LAYER_MAGNITUDES,
     Decomposition,
     DecompositionAccumulator,
     LayerProfile,
     LayerSums,
-    UnitArrays,
-    Units,
     cell_sums,
-    components,
-    magnitudes,
-    mask_component,
     reduce_call,
 )
 from posleak.measure.grid import CellLayout, Grid, GridKind
 from posleak.measure.regression import DesignMoments, KeyRanges, RowSums, delta_r2, sum_of_squares
+from posleak.measure.resampled import resampled_magnitudes
 
 __all__ = [
     "LAYER_MAGNITUDES",
@@ -45,5 +48,6 @@ __all__ = [
     "percentile_interval",
     "reduce_call",
     "resample_weights",
+    "resampled_magnitudes",
     "sum_of_squares",
 ]

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from posleak.capture.masks import MaskSpec
 from posleak.capture.session import AttentionCall, soft_cap
 from posleak.measure.bootstrap import identity_weights, percentile_interval, resample_weights
+from posleak.measure.components import MAGNITUDES, Components, UnitArrays, UnitMode, Units, components, magnitudes
 from posleak.measure.grid import CellLayout, Grid, GridKind
 from posleak.measure.regression import (
     SUM_FIELDS,
@@ -55,63 +56,14 @@ from posleak.measure.regression import (
     kv_heads,
     log_z_of,
 )
+from posleak.measure.resampled import resampled_magnitudes
 
 CellPath = Literal["auto", "bilinear", "materialised"]
-UnitMode = Literal["sequence", "halves"]
-MAGNITUDES = ("mask_early", "mask_all", "resid_early", "resid_all", "resid_early_raw", "resid_all_raw")
 LAYER_MAGNITUDES = ("mask_early", "mask_all", "resid_early", "resid_all")
 DEFAULT_MEMORY_BUDGET = 2 * 2**30
 # Elements of the largest temporary one call's cell sums form at once (a gathered or materialised block):
 # small enough that the allocator reuses memory instead of mapping fresh pages for every block.
 _BLOCK_ELEMENTS = 1 << 21
-# Elements of the per-resample arrays formed at once when recomputing the components for the bootstrap.
-_RESAMPLE_ELEMENTS = 1 << 25
-
-
-# -------------------------------------------------------------------------------------------- units
-
-
-@dataclass(frozen=True)
-class Units:
-    """How the N sequences are grouped into the units whose sums are kept (module docstring).
-
-    In "halves" mode only the non-empty ones of A, B and rest are kept: N even → A, B; N = 1 → rest.
-    """
-
-    mode: UnitMode
-    num_seqs: int
-
-    def _half(self, sequence_index: torch.Tensor) -> torch.Tensor:
-        """0 = A (index < ⌊N/2⌋), 1 = B (⌊N/2⌋ ≤ index < 2⌊N/2⌋), 2 = rest."""
-        half = self.num_seqs // 2
-        return (sequence_index >= half).long() + (sequence_index >= 2 * half).long()
-
-    @property
-    def _present(self) -> torch.Tensor:
-        return self._half(torch.arange(self.num_seqs)).unique()
-
-    @property
-    def count(self) -> int:
-        return self.num_seqs if self.mode == "sequence" else self._present.numel()
-
-    def of(self, sequence_index: torch.Tensor) -> torch.Tensor:
-        """The unit of each sequence index."""
-        if self.mode == "sequence":
-            return sequence_index
-        return torch.searchsorted(self._present, self._half(sequence_index))
-
-    @property
-    def sizes(self) -> torch.Tensor:
-        """Sequences per unit, (U,) float64."""
-        return torch.zeros(self.count, dtype=torch.float64).index_add_(
-            0, self.of(torch.arange(self.num_seqs)), torch.ones(self.num_seqs, dtype=torch.float64)
-        )
-
-    @property
-    def halves(self) -> torch.Tensor:
-        """Half of each unit, (U,): 0 = A, 1 = B, −1 = neither (the odd last sequence)."""
-        half = self._half(torch.arange(self.num_seqs)) if self.mode == "sequence" else self._present
-        return torch.where(half == 2, -1, half)
 
 
 # ---------------------------------------------------------------------------------------- cell sums
@@ -185,16 +137,17 @@ def _bilinear_dense(call: AttentionCall, layout: CellLayout, bilinear: Bilinear)
         dense[..., : block.offsets].index_add_(2, query_bin[block.q0 : block.q1], block.by_offset)
     if bins == near or (layout.mask.window or seq_len) <= near:
         return dense  # no far offsets
-    # far bins, for the queries i ≥ near that have far offsets: E(i, e) = q_i·K[p(i, e)] at every far edge e
-    kv, dim = bilinear.keys.shape[1], bilinear.keys.shape[-1]
-    positions = layout.far_positions.to(device)
-    chunk = max(1, _BLOCK_ELEMENTS // (batch * kv * positions.shape[1] * dim))
-    for c0 in range(near, seq_len, chunk):
-        c1 = min(seq_len, c0 + chunk)
-        edge_keys = bilinear.prefix[:, :, positions[c0:c1]]  # (B, KV, chunk, far edges, D)
-        at_edges = torch.einsum("bkgcd,bkced->bkgce", bilinear.query[:, :, :, c0:c1], edge_keys)
-        rows = (at_edges[..., :-1] - at_edges[..., 1:]).reshape(batch, heads, c1 - c0, bins - near)
-        dense[..., near:].index_add_(2, query_bin[c0:c1], rows)
+    # far bins: with K[p] = Σ_{j<p} k_j, the sum over a far bin's valid offsets is q_i·K[p(i, first)] −
+    # q_i·K[p(i, first of the next bin)] where p(i, e) = max(0, i − min(e, W) + 1) clips to query i's first
+    # valid key; for each edge e that is q_i against K shifted by min(e, W) − 1 positions (K[0] = 0 below)
+    window, far_edges = layout.mask.window or seq_len, layout.grid.edges[near:]
+    query = bilinear.query
+    at_edges = torch.zeros(*query.shape[:-1], len(far_edges), dtype=torch.float64, device=device)
+    for n, edge in enumerate(far_edges):
+        shift = min(edge, window) - 1
+        at_edges[..., shift:, n] = (query[..., shift:, :] * bilinear.prefix[:, :, None, : seq_len - shift]).sum(-1)
+    rows = (at_edges[..., :-1] - at_edges[..., 1:]).view(batch, heads, seq_len, bins - near)
+    dense[..., near:].index_add_(2, query_bin, rows)
     return dense
 
 
@@ -283,9 +236,10 @@ class LayerSums:
     def mask(self) -> MaskSpec:
         return MaskSpec(window=self.window)
 
-    def unit_cells(self, layout: CellLayout) -> torch.Tensor:
-        """The cell sums as (U, H, C) float64, cells in the layout's order."""
-        return self.cells.flatten(2)[..., layout.storage_index].double()
+    def arrays(self, layout: CellLayout) -> UnitArrays:
+        """The per-unit sums on the layout's cells, in float64."""
+        cells = self.cells.flatten(2)[..., layout.storage_index].double()
+        return UnitArrays(cells, layout.to_cells(self.log_z), self.sink, self.sigmoid)
 
 
 class DecompositionAccumulator:
@@ -447,21 +401,25 @@ class DecompositionAccumulator:
                 raise ValueError(f"layer {layer} has not seen sequences {missing[:10]} of {self.num_seqs}")
         note = self._bootstrap_note(resamples)
         weights = None if note else resample_weights(self.num_seqs, resamples, seed)
+        # identical draws (few sequences give many) have identical magnitudes: compute each once
+        distinct, drawn = (None, None) if weights is None else weights.unique(dim=0, return_inverse=True)
         ranges = {"early": (1, min(self.early, self.seq_len)), "all": (1, self.seq_len)}
-        profiles, magnitudes, boots, dr2 = [], [], [], []
+        profiles, points, boots, dr2 = [], [], [], []
         for layer in sorted(self.layers):
             sums = self.layers[layer]
             layout = self.grid.layout(sums.mask)
-            profile, point = _point_estimate(layer, sums, layout, self.units, ranges)
-            profiles.append(profile)
-            magnitudes.append(point)
-            if weights is not None:
-                boots.append(_resampled_magnitudes(sums, layout, self.units, weights, ranges))
+            arrays = sums.arrays(layout)
+            point = components(arrays, layout, self.units, identity_weights(self.units.count))
+            profiles.append(_profile(layer, layout, point))
+            points.append({name: value[0] for name, value in magnitudes(point, layout, ranges).items()})
+            if distinct is not None:
+                resampled = resampled_magnitudes(arrays, layout, self.units, distinct, ranges, point)
+                boots.append({name: value[drawn] for name, value in resampled.items()})
             dr2.append(delta_r2(sums.regression, DesignMoments.of(sums.mask, self.seq_len, self.num_seqs)))
         return Decomposition(
             grid=self.grid,
             layer_profiles=profiles,
-            magnitudes={name: torch.stack([m[name] for m in magnitudes]) for name in MAGNITUDES},
+            magnitudes={name: torch.stack([p[name] for p in points]) for name in MAGNITUDES},
             dr2=torch.stack(dr2),
             bootstrap={name: torch.stack([b[name] for b in boots], dim=1) for name in MAGNITUDES} if boots else None,
             level=level,
@@ -487,150 +445,16 @@ class DecompositionAccumulator:
         return None
 
 
-# --------------------------------------------------------------------------------------- components
-
-
-@dataclass
-class Components:
-    """g, m and r of one layer for R (re)samples: shapes (R, H, bins), (R, H, T), (R, H, C)."""
-
-    g: torch.Tensor  # per offset bin: mean of s over its valid pairs (NaN for a bin beyond the window)
-    m: torch.Tensor  # per query
-    m_cell: torch.Tensor
-    r: torch.Tensor
-    r_a: torch.Tensor  # r of half A (with g and m of the whole sample)
-    r_b: torch.Tensor
-    mean_s: torch.Tensor  # per cell, mean over n and the cell's pairs of s
-
-
-@dataclass
-class UnitArrays:
-    """A layer's per-unit sums on its cells, (U, H, C) float64: Σ of s over each cell's pairs, and Σ over
-    sequences of the mean of log Z_i over each cell's pairs. Both are linear in the sequences, so a
-    resample's sums are weights × these."""
-
-    cells: torch.Tensor
-    log_z: torch.Tensor
-
-    @staticmethod
-    def of(sums: LayerSums, layout: CellLayout) -> UnitArrays:
-        return UnitArrays(sums.unit_cells(layout), layout.to_cells(sums.log_z))
-
-
-def components(
-    sums: LayerSums, arrays: UnitArrays, layout: CellLayout, units: Units, weights: torch.Tensor
-) -> Components:
-    """g, m, r from the unit sums under weights (R, U): resampled sums are weights × unit sums."""
-
-    def weighted(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # sums of s and of log Z on cells, and the number of sequences, of each (re)sample
-        return (
-            torch.einsum("ru,uhc->rhc", w, arrays.cells),
-            torch.einsum("ru,uhc->rhc", w, arrays.log_z),
-            (w @ units.sizes)[:, None, None],
-        )
-
-    cells, log_z, size = weighted(weights)
-    g = layout.offset_sums(cells) / (size * layout.offset_count)
-    m = mask_component(g, layout, sums.sink, sums.sigmoid)
-    g_cell, m_cell = layout.from_offsets(g), layout.to_cells(m)
-
-    def residual(cells: torch.Tensor, log_z: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
-        # r = mean over the cell's pairs and n of (s − g(d)) − (log Z_i + m(i)), with the whole sample's g and m;
-        # in place: on the exact grid these arrays are large
-        return cells.div_(layout.count).sub_(log_z).div_(size).sub_(g_cell).sub_(m_cell)
-
-    r_a, r_b = (residual(*weighted(weights * (units.halves == half))) for half in (0, 1))
-    mean_s = cells / (size * layout.count)
-    return Components(g=g, m=m, m_cell=m_cell, r=residual(cells, log_z, size), r_a=r_a, r_b=r_b, mean_s=mean_s)
-
-
-def mask_component(g: torch.Tensor, layout: CellLayout, sink: torch.Tensor | None, sigmoid: bool) -> torch.Tensor:
-    """m(i) = −log(Σ over query i's valid offsets of exp g(d) [+ exp sink]), (..., H, bins) → (..., H, T).
-
-    With offsets binned, each offset takes its bin's g: the bins wholly below query i's largest valid
-    offset contribute width·exp g (a running log-sum-exp over bins), its last bin the valid part of it.
-    """
-    if sigmoid:  # no normaliser, no mask component (module docstring)
-        return torch.zeros(*g.shape[:-1], layout.grid.seq_len, dtype=torch.float64)
-    present = layout.offset_count > 0
-    terms = torch.where(present, g + layout.bin_width.log(), float("-inf"))
-    below = torch.logcumsumexp(terms, dim=-1)
-    last = layout.last_bin
-    before = torch.where(last > 0, below[..., (last - 1).clamp(min=0)], float("-inf"))
-    log_sum = torch.logaddexp(before, g[..., last] + layout.last_bin_count.log())
-    if sink is not None:
-        log_sum = torch.logaddexp(log_sum, sink[:, None])
-    return -log_sum
-
-
-def magnitudes(parts: Components, layout: CellLayout, ranges: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:
-    """Every magnitude of MAGNITUDES, each (R, H): RMS over the range's cells (weighted by their pairs) of
-    the component minus its mean; the corrected r uses the covariance of the two halves' deviations."""
-    out = {}
-    for name, (lo, hi) in ranges.items():
-        cells = _CellRange.of(layout, lo, hi)
-        out[f"mask_{name}"] = cells.mean(cells.centred(parts.m_cell).square_()).sqrt()
-        out[f"resid_{name}_raw"] = cells.mean(cells.centred(parts.r).square_()).sqrt()
-        corrected = cells.mean(cells.centred(parts.r_a).mul_(cells.centred(parts.r_b)))
-        out[f"resid_{name}"] = corrected.clamp(min=0).sqrt()  # clamp keeps NaN (an empty half)
-    return {name: out[name] for name in MAGNITUDES}
-
-
-@dataclass(frozen=True)
-class _CellRange:
-    """Pair-weighted means over the cells of a query range. A narrow range is copied out of the per-cell
-    arrays; a wide one is weighted in place (weight 0 outside), which passes over memory fewer times."""
-
-    inside: torch.Tensor
-    narrow: bool
-    weight: torch.Tensor  # sums to 1 (NaN for an empty range)
-
-    @staticmethod
-    def of(layout: CellLayout, lo: int, hi: int) -> _CellRange:
-        inside = layout.inside(lo, hi)
-        narrow = 2 * int(inside.sum()) < inside.numel()
-        weight = layout.count[inside] if narrow else layout.count * inside
-        return _CellRange(inside, narrow, weight / weight.sum())
-
-    def mean(self, values: torch.Tensor) -> torch.Tensor:
-        """(..., C or C_inside) → (...)."""
-        return values @ self.weight
-
-    def centred(self, values: torch.Tensor) -> torch.Tensor:
-        values = values[..., self.inside] if self.narrow else values
-        return values - self.mean(values)[..., None]
-
-
-def _point_estimate(
-    layer: int, sums: LayerSums, layout: CellLayout, units: Units, ranges: dict[str, tuple[int, int]]
-) -> tuple[LayerProfile, dict[str, torch.Tensor]]:
-    parts = components(sums, UnitArrays.of(sums, layout), layout, units, identity_weights(units.count))
-    profile = LayerProfile(
+def _profile(layer: int, layout: CellLayout, point: Components) -> LayerProfile:
+    return LayerProfile(
         layer=layer,
         layout=layout,
-        g=parts.g[0],
-        m=parts.m[0],
-        m_cell=parts.m_cell[0],
-        r=parts.r[0],
-        offset_map=(parts.mean_s[0] - layout.from_offsets(parts.g[0])).mean(0),
+        g=point.g[0],
+        m=point.m[0],
+        m_cell=point.m_cell[0],
+        r=point.r[0],
+        offset_map=(point.mean_s[0] - layout.from_offsets(point.g[0])).mean(0),
     )
-    return profile, {name: value[0] for name, value in magnitudes(parts, layout, ranges).items()}
-
-
-def _resampled_magnitudes(
-    sums: LayerSums, layout: CellLayout, units: Units, weights: torch.Tensor, ranges: dict[str, tuple[int, int]]
-) -> dict[str, torch.Tensor]:
-    """Magnitudes of each resample, (R, H), recomputed from resampled unit sums in chunks of resamples."""
-    heads = sums.cells.shape[1]
-    per_resample = heads * (8 * layout.num_cells + 2 * layout.grid.seq_len + layout.grid.num_bins)
-    chunk = max(1, _RESAMPLE_ELEMENTS // per_resample)
-    arrays = UnitArrays.of(sums, layout)
-    pieces = [
-        magnitudes(components(sums, arrays, layout, units, weights[r0 : r0 + chunk]), layout, ranges)
-        for r0 in range(0, weights.shape[0], chunk)
-    ]
-    return {name: torch.cat([p[name] for p in pieces]) for name in MAGNITUDES}
 
 
 # ------------------------------------------------------------------------------------------- result

@@ -99,6 +99,8 @@ class CellLayout:
     d_hi: torch.Tensor  # inclusive
     query_to_cell: torch.Tensor  # sparse CSR, float64
     max_offset: torch.Tensor  # (T,): the largest valid offset of query i, min(i, W − 1)
+    uniform: torch.Tensor  # (C,) bool: every query of the cell's bin has the same number of pairs in it
+    partial_to_cell: torch.Tensor  # sparse CSR (P, T): the rows of query_to_cell of the cells not uniform
 
     @property
     def num_cells(self) -> int:
@@ -141,14 +143,17 @@ class CellLayout:
         return edges[1:] - edges[:-1]
 
     @cached_property
-    def far_positions(self) -> torch.Tensor:
-        """(T, far edges): for the far bins b ≥ near and each of their edges e (edges[near:]), the prefix
-        position p(i, e) = max(i − e + 1, i − max_offset_i). With X[p] = Σ_{j<p} x_j the prefix sums of a
-        per-key quantity, Σ_{d ∈ b, valid} x_{i−d} = X[p(i, first_b)] − X[p(i, first_{b+1})]; both clip to
-        query i's first valid key, so a bin beyond its valid offsets gives 0."""
-        far_edges = torch.tensor(self.grid.edges[self.grid.near_bins :])
-        i = torch.arange(self.grid.seq_len)[:, None]
-        return torch.maximum(i - far_edges[None, :] + 1, i - self.max_offset[:, None])
+    def query_bin_mean(self) -> torch.Tensor:
+        """Sparse CSR (bins, T): row a averages a per-query quantity over query bin a. On a uniform cell
+        the mean over its pairs is its query bin's mean (see `to_cells`, and resampled.py)."""
+        bins = self.grid.bin_of_position
+        width = torch.bincount(bins, minlength=self.grid.num_bins).double()
+        return _sparse_rows(bins, torch.arange(self.grid.seq_len), 1 / width[bins], self.grid.seq_len)
+
+    @cached_property
+    def partial(self) -> torch.Tensor:
+        """Indices of the cells that are not uniform, (P,), in the row order of `partial_to_cell`."""
+        return (~self.uniform).nonzero().flatten()
 
     def inside(self, lo: int, hi: int) -> torch.Tensor:
         """Cells whose query bin lies wholly in lo ≤ i < hi, shape (C,) bool.
@@ -161,9 +166,17 @@ class CellLayout:
 
     def to_cells(self, per_query: torch.Tensor) -> torch.Tensor:
         """Mean over each cell's valid pairs of a per-query quantity: (..., T) → (..., C), float64."""
-        lead = per_query.shape[:-1]
-        columns = per_query.double().reshape(-1, self.grid.seq_len).T.contiguous()
-        return (self.query_to_cell @ columns).T.reshape(*lead, self.num_cells)
+        if self.grid.near_bins == self.grid.seq_len:  # one query per bin: each cell reads its own query
+            return per_query.double()[..., self.q_bin]
+        return _rows_times(self.query_to_cell, per_query)
+
+    def bin_means(self, per_query: torch.Tensor) -> torch.Tensor:
+        """Mean over each query bin: (..., T) → (..., bins), float64; a uniform cell's `to_cells` value."""
+        return _rows_times(self.query_bin_mean, per_query)
+
+    def partial_means(self, per_query: torch.Tensor) -> torch.Tensor:
+        """`to_cells` on the non-uniform cells only: (..., T) → (..., P), float64."""
+        return _rows_times(self.partial_to_cell, per_query)
 
     def from_offsets(self, per_bin: torch.Tensor) -> torch.Tensor:
         """A per-offset-bin quantity on each cell: (..., bins) → (..., C)."""
@@ -198,6 +211,16 @@ def _layout(grid: Grid, mask: MaskSpec) -> CellLayout:
     cell_of[q_bin * bins + d_bin] = torch.arange(q_bin.numel())
     query, offset_bin = torch.nonzero(per_query, as_tuple=True)
     cell = cell_of[query_bin[query] * bins + offset_bin]
+    pairs = per_query[query, offset_bin]
+    share = pairs.double() / count[cell]
+    # uniform: the cell holds every query of its bin, each with the same number of pairs
+    cells = q_bin.numel()
+    queries = torch.bincount(cell, minlength=cells)
+    fewest = torch.full((cells,), seq_len, dtype=torch.long).scatter_reduce_(0, cell, pairs, "amin")
+    most = torch.zeros(cells, dtype=torch.long).scatter_reduce_(0, cell, pairs, "amax")
+    uniform = (queries == edges[q_bin + 1] - edges[q_bin]) & (fewest == most)
+    partial_row = torch.cumsum(~uniform, 0) - 1  # row of each non-uniform cell in partial_to_cell
+    in_partial = ~uniform[cell]
     return CellLayout(
         grid=grid,
         mask=mask,
@@ -208,14 +231,23 @@ def _layout(grid: Grid, mask: MaskSpec) -> CellLayout:
         q_hi=edges[q_bin + 1] - 1,
         d_lo=edges[d_bin],
         d_hi=edges[d_bin + 1] - 1,
-        query_to_cell=_sparse_rows(cell, query, per_query[query, offset_bin].double() / count[cell], seq_len),
+        query_to_cell=_sparse_rows(cell, query, share, seq_len),
         max_offset=max_offset,
+        uniform=uniform,
+        partial_to_cell=_sparse_rows(partial_row[cell[in_partial]], query[in_partial], share[in_partial], seq_len),
     )
+
+
+def _rows_times(matrix: torch.Tensor, per_query: torch.Tensor) -> torch.Tensor:
+    """A sparse (rows, T) matrix applied to the last dimension of per-query values: (..., T) → (..., rows)."""
+    lead, seq_len = per_query.shape[:-1], per_query.shape[-1]
+    columns = per_query.double().reshape(-1, seq_len).T.contiguous()
+    return (matrix @ columns).T.reshape(*lead, matrix.shape[0])
 
 
 def _sparse_rows(row: torch.Tensor, column: torch.Tensor, value: torch.Tensor, columns: int) -> torch.Tensor:
     """A sparse CSR matrix (an order of magnitude faster than gathers and index_add for `to_cells`)."""
-    shape = (int(row.max()) + 1, columns)
+    shape = (int(row.max()) + 1 if row.numel() else 0, columns)
     coo = torch.sparse_coo_tensor(torch.stack([row, column]), value, shape, check_invariants=True).coalesce()
     with warnings.catch_warnings():  # torch flags CSR support as beta; matrix products with it are stable
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
