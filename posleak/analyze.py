@@ -154,7 +154,9 @@ def analyze_model(
     interventions = config.interventions
     sink_heads = _sink_heads(model, batch, config) if interventions.needs_sink_heads else None
     edits = interventions.attention_edits(sink_heads)
-    decomposition = DecompositionAccumulator(config.grid, batch.seq_len, batch.num_seqs, early=config.early)
+    decomposition = DecompositionAccumulator(
+        config.grid, batch.seq_len, batch.num_seqs, early=config.early, per_sequence=config.bootstrap > 0
+    )
     stats = QueryStats(entropy=False)
     pos0: list[torch.Tensor] = []
     done = _resume(run, decomposition, stats, pos0)
@@ -182,7 +184,8 @@ def analyze_model(
     states = torch.cat(pos0, dim=1)
     closed = closed_system(states, states[0])  # group by the vector at position 0 (after interventions)
     require_closed_system(closed)
-    measured = decomposition.result(resamples=config.bootstrap, seed=config.seed)
+    grid = decomposition.grid
+    measured = decomposition.result(resamples=config.bootstrap, seed=config.seed, profile_grid=tables_grid(grid))
     result = _tables(measured, stats.result(), session, states, closed)
     timings = {"forward_s": round(forward_s, 3), "total_s": round(time.perf_counter() - started, 3)}
     manifest = _manifest(model_id, loaded, batch, config, tokenizer, measured, closed, sink_heads, timings)

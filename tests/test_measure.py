@@ -101,6 +101,14 @@ def test_decomposition_matches_brute_force(family: str, grid: str) -> None:
     assert set(errors) >= {"g", "m", "r", "identity", "cell_sums", "dr2_logit", "dr2_logattn", *MAGNITUDES}
 
 
+@pytest.mark.parametrize("family", ["llama", "mistral", "gemma3", "gpt_oss"])
+def test_exact_grid_with_a_bootstrap_matches_brute_force(family: str) -> None:
+    """With resamples the exact grid's point estimate goes through components.py (per-cell arrays), without
+    them through exact.py (row blocks of the dense sums): both against the reference."""
+    model = tiny_model(family)
+    check_against_reference(model, _ids(model, 6), Grid(T, "exact"), early=12, resamples=20, tolerance=TOLERANCE)
+
+
 @pytest.mark.parametrize("family", ["llama", "mistral", "gemma3", "gemma2", "gpt_oss"])
 @pytest.mark.parametrize("grid", ["exact", "coarse"])
 def test_odd_number_of_sequences(family: str, grid: str) -> None:
@@ -429,6 +437,22 @@ def test_halves_mode_when_per_sequence_sums_do_not_fit(budget: int) -> None:
     assert halves.per_layer()["resid_all_lo"].isna().all()
 
 
+def test_without_per_sequence_sums_the_halves_are_kept_from_the_start() -> None:
+    """`per_sequence=False` (analyze without a bootstrap): units A, B, rest from the first call, same numbers."""
+    from posleak.capture import CaptureSession
+
+    model = tiny_model("mistral")
+    ids = _ids(model, 5)
+    _, point, _ = run(model, ids, Grid(T, "exact"), early=12)
+    accumulator = DecompositionAccumulator("exact", T, 5, early=12, per_sequence=False)
+    CaptureSession([accumulator]).forward(model, ids)
+    assert accumulator.units.mode == "halves" and accumulator.layers[0].cells.shape[0] == 3
+    result = accumulator.result(resamples=20)
+    for name in MAGNITUDES:
+        torch.testing.assert_close(result.magnitudes[name], point.magnitudes[name], rtol=1e-5, atol=1e-7)
+    assert result.bootstrap is None and "per_sequence=False" in result.bootstrap_note
+
+
 def test_checkpoint_and_resume_gives_the_same_result(tmp_path) -> None:
     from posleak.capture import CaptureSession
 
@@ -516,3 +540,19 @@ def test_rebinned_profiles_are_count_weighted_means_of_the_exact_cells() -> None
         assert inside["cells"].sum() == row.cells
         for name in ("g", "m", "r"):
             assert np.isclose(inside[name].mean(), getattr(row, name), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma3", "gpt_oss"])
+def test_exact_profiles_summed_onto_a_coarse_grid_equal_rebinned_ones(family: str) -> None:
+    """`result(profile_grid=...)` sums the dense exact-grid sums straight onto the coarse cells (exact.py);
+    the per-cell profile rebinned afterwards is the reference. Magnitudes do not depend on it."""
+    model = tiny_model(family)
+    accumulator, result, _ = run(model, _ids(model, 4), Grid(T, "exact"), early=12)
+    coarse = Grid(T, **SMALL_COARSE)
+    binned = accumulator.result(resamples=0, profile_grid=coarse)
+    for direct, rebinned in zip(binned.layer_profiles, (p.on(coarse) for p in result.layer_profiles), strict=True):
+        assert direct.layout.grid == coarse
+        for name in ("g_cell", "m_cell", "r", "offset_map"):
+            torch.testing.assert_close(getattr(direct, name), getattr(rebinned, name), rtol=1e-9, atol=1e-12)
+    for name in MAGNITUDES:
+        assert torch.equal(binned.magnitudes[name], result.magnitudes[name])

@@ -4,6 +4,7 @@ from posleak.measure.bootstrap import identity_weights, percentile_interval, res
 from posleak.measure.components import (
     MAGNITUDES,
     Components,
+    LayerProfile,
     UnitArrays,
     Units,
     components,
@@ -14,7 +15,6 @@ from posleak.measure.decomposition import (
     LAYER_MAGNITUDES,
     Decomposition,
     DecompositionAccumulator,
-    LayerProfile,
     LayerSums,
     cell_sums,
     reduce_call,

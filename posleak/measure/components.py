@@ -8,12 +8,12 @@ once: the point estimate is the weighting of all ones, a bootstrap resample draw
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 
-from posleak.measure.grid import CellLayout
+from posleak.measure.grid import CellLayout, Grid
 
 UnitMode = Literal["sequence", "halves"]
 MAGNITUDES = ("mask_early", "mask_all", "resid_early", "resid_all", "resid_early_raw", "resid_all_raw")
@@ -180,3 +180,41 @@ class CellRange:
     def centred(self, values: torch.Tensor) -> torch.Tensor:
         values = values[..., self.inside] if self.narrow else values
         return values - self.mean(values)[..., None]
+
+
+@dataclass
+class LayerProfile:
+    """One layer's point estimates on the cells of `layout` (H heads, C cells): the measurement grid's,
+    or a coarser grid's for tables (then each cell value is the count-weighted mean over the finer cells)."""
+
+    layer: int
+    layout: CellLayout
+    g: torch.Tensor  # (H, bins of the measurement grid): g per offset bin (NaN for bins beyond the window)
+    m: torch.Tensor  # (H, T): m(i) per query
+    g_cell: torch.Tensor  # (H, C): mean of g over each cell's pairs
+    m_cell: torch.Tensor  # (H, C): mean of m over each cell's pairs
+    r: torch.Tensor  # (H, C)
+    offset_map: torch.Tensor  # (C,): mean over n and heads of s_ij − g(i − j), §3.2
+
+    def on(self, grid: Grid | None) -> LayerProfile:
+        """The profile on `grid`'s cells (itself when `grid` is None or its own)."""
+        if grid is None or grid == self.layout.grid:
+            return self
+        coarse = grid.layout(self.layout.mask)
+        values = {name: rebin(getattr(self, name), self.layout, coarse) for name in ("g_cell", "m_cell", "r")}
+        return replace(self, layout=coarse, offset_map=rebin(self.offset_map, self.layout, coarse), **values)
+
+
+def rebin(values: torch.Tensor, fine: CellLayout, coarse: CellLayout) -> torch.Tensor:
+    """Per-cell values (..., C) of `fine` as count-weighted means over the cells of `coarse`.
+
+    Exact only when every fine cell lies inside one coarse cell (always so from the exact grid)."""
+    bins = coarse.grid.num_bins
+    position_bin = coarse.grid.bin_of_position
+    lookup = torch.full((bins * bins,), -1, dtype=torch.long)
+    lookup[coarse.q_bin * bins + coarse.d_bin] = torch.arange(coarse.num_cells)
+    target = lookup[position_bin[fine.q_lo] * bins + position_bin[fine.d_lo]]
+    weight = fine.count.to(values.dtype)
+    sums = torch.zeros(*values.shape[:-1], coarse.num_cells, dtype=values.dtype)
+    totals = torch.zeros(coarse.num_cells, dtype=values.dtype).index_add_(0, target, weight)
+    return sums.index_add_(-1, target, values * weight) / totals

@@ -33,7 +33,7 @@ throughout (see `reduce_call`), as are the ΔR² sums (regression.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -44,7 +44,17 @@ import torch.nn.functional as F
 from posleak.capture.masks import MaskSpec
 from posleak.capture.session import AttentionCall, soft_cap
 from posleak.measure.bootstrap import identity_weights, percentile_interval, resample_weights
-from posleak.measure.components import MAGNITUDES, Components, UnitArrays, UnitMode, Units, components, magnitudes
+from posleak.measure.components import (
+    MAGNITUDES,
+    Components,
+    LayerProfile,
+    UnitArrays,
+    UnitMode,
+    Units,
+    components,
+    magnitudes,
+)
+from posleak.measure.exact import exact_profile
 from posleak.measure.grid import CellLayout, Grid, GridKind
 from posleak.measure.regression import (
     SUM_FIELDS,
@@ -108,8 +118,8 @@ def reduce_call(
                 target[u, :, block.q0 : block.q1, : block.offsets] += block.by_offset[row].to(target.device)
         else:
             _add_binned(dense, block, layout)
-        # squares of float32 logits summed in float64: each term carries the logit's own rounding only
-        rows.squares += block.by_offset.square().sum(-1, dtype=torch.float64).sum(-1)  # (one dim at a time: faster)
+        # squares of the logits formed and summed in float64 (the norm casts each element, no copy of the block)
+        rows.squares += torch.linalg.vector_norm(block.by_offset, dim=(-2, -1), dtype=torch.float64).square()
         if bilinear is None:
             _add_first_moments(rows, block)
     if dense is not None:
@@ -247,7 +257,9 @@ class DecompositionAccumulator:
 
     `grid_kind`: "exact", "coarse" or a `Grid` (for custom coarse bins). `early`: K of the early range
     1 ≤ i < K. `memory_budget_bytes`: the most the per-sequence sums may take (else halves, see the module
-    docstring). `path`: how cell sums are formed (see `reduce_call`); every path gives the same numbers.
+    docstring). `per_sequence=False` keeps the halves from the start: no bootstrap, and on the exact grid
+    a quarter of the memory at N = 8. `path`: how cell sums are formed (see `reduce_call`); every path gives
+    the same numbers.
     """
 
     needs_attended_keys = False
@@ -260,6 +272,7 @@ class DecompositionAccumulator:
         early: int = 32,
         memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
         path: CellPath = "auto",
+        per_sequence: bool = True,
     ) -> None:
         self.grid = grid_kind if isinstance(grid_kind, Grid) else Grid(seq_len, grid_kind)
         if self.grid.seq_len != seq_len:
@@ -269,7 +282,8 @@ class DecompositionAccumulator:
         self.seq_len, self.num_seqs, self.early = seq_len, num_seqs, early
         self.memory_budget_bytes = memory_budget_bytes
         self.path = path
-        self.units = Units("sequence", num_seqs)
+        self.per_sequence = per_sequence
+        self.units = Units("sequence" if per_sequence else "halves", num_seqs)
         self.layers: dict[int, LayerSums] = {}
 
     # ---- streaming
@@ -390,9 +404,12 @@ class DecompositionAccumulator:
 
     # ---- result
 
-    def result(self, resamples: int = 200, seed: int = 0, level: float = 0.95) -> Decomposition:
+    def result(
+        self, resamples: int = 200, seed: int = 0, level: float = 0.95, profile_grid: Grid | None = None
+    ) -> Decomposition:
         """g, m, r, magnitudes, ΔR², the offset map and bootstrap intervals over sequences (percentile,
-        `resamples` draws, seeded). Every layer must have seen every sequence once."""
+        `resamples` draws, seeded). Every layer must have seen every sequence once. The profiles are kept
+        on the cells of `profile_grid` (a coarser grid, for tables of long exact runs; default: the grid)."""
         if not self.layers:
             raise ValueError("the decomposition saw no attention call; was the model switched to posleak attention?")
         for layer, sums in self.layers.items():
@@ -408,13 +425,21 @@ class DecompositionAccumulator:
         for layer in sorted(self.layers):
             sums = self.layers[layer]
             layout = self.grid.layout(sums.mask)
-            arrays = sums.arrays(layout)
-            point = components(arrays, layout, self.units, identity_weights(self.units.count))
-            profiles.append(_profile(layer, layout, point))
-            points.append({name: value[0] for name, value in magnitudes(point, layout, ranges).items()})
-            if distinct is not None:
-                resampled = resampled_magnitudes(arrays, layout, self.units, distinct, ranges, point)
-                boots.append({name: value[drawn] for name, value in resampled.items()})
+            on = layout if profile_grid in (None, self.grid) else profile_grid.layout(sums.mask)
+            if self.grid.kind == "exact" and distinct is None:  # the dense sums, row block by row block
+                profile, point = exact_profile(
+                    layer, sums.cells, sums.log_z, sums.sink, sums.sigmoid, layout, self.units, ranges, on
+                )
+            else:
+                arrays = sums.arrays(layout)
+                parts = components(arrays, layout, self.units, identity_weights(self.units.count))
+                profile = _profile(layer, layout, parts).on(on.grid)
+                point = {name: value[0] for name, value in magnitudes(parts, layout, ranges).items()}
+                if distinct is not None:
+                    resampled = resampled_magnitudes(arrays, layout, self.units, distinct, ranges, parts)
+                    boots.append({name: value[drawn] for name, value in resampled.items()})
+            profiles.append(profile)
+            points.append(point)
             dr2.append(delta_r2(sums.regression, DesignMoments.of(sums.mask, self.seq_len, self.num_seqs)))
         return Decomposition(
             grid=self.grid,
@@ -434,6 +459,8 @@ class DecompositionAccumulator:
     def _bootstrap_note(self, resamples: int) -> str | None:
         if resamples < 1:
             return "bootstrap not requested (resamples = 0)"
+        if not self.per_sequence:
+            return "per-sequence sums were not kept (per_sequence=False): no bootstrap over sequences"
         if self.units.mode == "halves":
             return (
                 "per-sequence sums did not fit the memory budget "
@@ -446,31 +473,20 @@ class DecompositionAccumulator:
 
 
 def _profile(layer: int, layout: CellLayout, point: Components) -> LayerProfile:
+    g_cell = layout.from_offsets(point.g[0])
     return LayerProfile(
         layer=layer,
         layout=layout,
         g=point.g[0],
         m=point.m[0],
+        g_cell=g_cell,
         m_cell=point.m_cell[0],
         r=point.r[0],
-        offset_map=(point.mean_s[0] - layout.from_offsets(point.g[0])).mean(0),
+        offset_map=(point.mean_s[0] - g_cell).mean(0),
     )
 
 
 # ------------------------------------------------------------------------------------------- result
-
-
-@dataclass
-class LayerProfile:
-    """One layer's components on its cells (point estimates); H heads, C cells of `layout`."""
-
-    layer: int
-    layout: CellLayout
-    g: torch.Tensor  # (H, bins): g per offset bin (NaN for bins beyond the window)
-    m: torch.Tensor  # (H, T): m(i) per query
-    m_cell: torch.Tensor  # (H, C): mean of m over each cell's pairs
-    r: torch.Tensor  # (H, C)
-    offset_map: torch.Tensor  # (C,): mean over n and heads of s_ij − g(i − j), §3.2
 
 
 @dataclass
@@ -531,19 +547,18 @@ class Decomposition:
     def profiles(self, grid: Grid | None = None) -> pd.DataFrame:
         """g, m, r per cell and head; on `grid` (a coarser one) the count-weighted mean over its cells."""
         frames = []
-        for p in self.layer_profiles:
-            layout, on = _table_layout(p.layout, grid)
-            heads, cells = p.r.shape[0], layout.num_cells
+        for p in (p.on(grid) for p in self.layer_profiles):
+            heads, cells = p.r.shape[0], p.layout.num_cells
             frames.append(
                 pd.DataFrame(
                     {
                         "layer": p.layer,
                         "head": torch.arange(heads).repeat_interleave(cells).numpy(),
-                        **_cell_bounds(layout, repeat=heads),
-                        "cells": layout.count.repeat(heads).long().numpy(),
-                        "g": on(p.layout.from_offsets(p.g)).flatten().numpy(),
-                        "m": on(p.m_cell).flatten().numpy(),
-                        "r": on(p.r).flatten().numpy(),
+                        **_cell_bounds(p.layout, repeat=heads),
+                        "cells": p.layout.count.repeat(heads).long().numpy(),
+                        "g": p.g_cell.flatten().numpy(),
+                        "m": p.m_cell.flatten().numpy(),
+                        "r": p.r.flatten().numpy(),
                     }
                 )
             )
@@ -551,9 +566,8 @@ class Decomposition:
 
     def offset_map(self, grid: Grid | None = None) -> pd.DataFrame:
         frames = []
-        for p in self.layer_profiles:
-            layout, on = _table_layout(p.layout, grid)
-            frames.append(pd.DataFrame({"layer": p.layer, **_cell_bounds(layout, repeat=1), "value": on(p.offset_map)}))
+        for p in (p.on(grid) for p in self.layer_profiles):
+            frames.append(pd.DataFrame({"layer": p.layer, **_cell_bounds(p.layout, repeat=1), "value": p.offset_map}))
         return pd.concat(frames, ignore_index=True)
 
     def describe(self) -> dict[str, object]:
@@ -566,29 +580,6 @@ class Decomposition:
             "bootstrap": {"resamples": self.resamples, "seed": self.seed, "level": self.level},
             "bootstrap_note": self.bootstrap_note,
         }
-
-
-def _table_layout(layout: CellLayout, grid: Grid | None) -> tuple[CellLayout, Callable[[torch.Tensor], torch.Tensor]]:
-    """The layout tables are written on, and how per-cell values (..., C) move onto it."""
-    if grid is None or grid == layout.grid:
-        return layout, lambda values: values
-    coarse = grid.layout(layout.mask)
-    return coarse, lambda values: rebin(values, layout, coarse)
-
-
-def rebin(values: torch.Tensor, fine: CellLayout, coarse: CellLayout) -> torch.Tensor:
-    """Per-cell values (..., C) of `fine` as count-weighted means over the cells of `coarse`.
-
-    Exact only when every fine cell lies inside one coarse cell (always so from the exact grid)."""
-    bins = coarse.grid.num_bins
-    position_bin = coarse.grid.bin_of_position
-    lookup = torch.full((bins * bins,), -1, dtype=torch.long)
-    lookup[coarse.q_bin * bins + coarse.d_bin] = torch.arange(coarse.num_cells)
-    target = lookup[position_bin[fine.q_lo] * bins + position_bin[fine.d_lo]]
-    weight = fine.count.to(values.dtype)
-    sums = torch.zeros(*values.shape[:-1], coarse.num_cells, dtype=values.dtype)
-    totals = torch.zeros(coarse.num_cells, dtype=values.dtype).index_add_(0, target, weight)
-    return sums.index_add_(-1, target, values * weight) / totals
 
 
 def _cell_bounds(layout: CellLayout, repeat: int) -> dict[str, object]:
