@@ -4,7 +4,9 @@ Per layer and head, each attention call is reduced to per-sequence sums that are
 the sum of the logits s_{i,i−d} over each grid cell's valid pairs, log Z_i per query, and the eight
 running sums of ΔR² (regression.py). `DecompositionAccumulator.result()` turns them into
 g (relative part), m (causal-mask component), r (residual-stream component), their magnitudes, the
-split-half noise correction, bootstrap intervals, ΔR² and the offset-normalised map.
+split-half noise correction, bootstrap intervals, ΔR² and the offset-normalised map: per-cell arrays
+in components.py, bootstrap resamples from second moments in resampled.py, and on the exact grid
+without a bootstrap, row blocks of the dense sums in exact.py.
 
 Definitional choices made here (DESIGN.md is silent on them):
 - On a coarse grid, g is known per offset bin (the mean over the bin's valid pairs), and every offset
