@@ -76,6 +76,8 @@ DEFAULT_MEMORY_BUDGET = 2 * 2**30
 # Elements of the largest temporary one call's cell sums form at once (a gathered or materialised block):
 # small enough that the allocator reuses memory instead of mapping fresh pages for every block.
 _BLOCK_ELEMENTS = 1 << 21
+# Float64 elements of the queries swept repeatedly in one pass (a few MB: they stay in the cache).
+_CACHE_ELEMENTS = 1 << 19
 
 
 # ---------------------------------------------------------------------------------------- cell sums
@@ -153,11 +155,18 @@ def _bilinear_dense(call: AttentionCall, layout: CellLayout, bilinear: Bilinear)
     # q_i·K[p(i, first of the next bin)] where p(i, e) = max(0, i − min(e, W) + 1) clips to query i's first
     # valid key; for each edge e that is q_i against K shifted by min(e, W) − 1 positions (K[0] = 0 below)
     window, far_edges = layout.mask.window or seq_len, layout.grid.edges[near:]
-    query = bilinear.query
+    query, prefix = bilinear.query, bilinear.prefix[:, :, None]
     at_edges = torch.zeros(*query.shape[:-1], len(far_edges), dtype=torch.float64, device=device)
-    for n, edge in enumerate(far_edges):
-        shift = min(edge, window) - 1
-        at_edges[..., shift:, n] = (query[..., shift:, :] * bilinear.prefix[:, :, None, : seq_len - shift]).sum(-1)
+    chunk = max(1, _CACHE_ELEMENTS // (heads * query.shape[-1]))  # queries whose q stay in cache over all edges
+    for c0 in range(0, seq_len, chunk):
+        c1 = min(seq_len, c0 + chunk)
+        for n, edge in enumerate(far_edges):
+            shift = min(edge, window) - 1
+            lo = max(c0, shift)
+            if lo < c1:
+                at_edges[..., lo:c1, n] = torch.linalg.vecdot(
+                    query[..., lo:c1, :], prefix[..., lo - shift : c1 - shift, :]
+                )
     rows = (at_edges[..., :-1] - at_edges[..., 1:]).view(batch, heads, seq_len, bins - near)
     dense[..., near:].index_add_(2, query_bin, rows)
     return dense
