@@ -8,10 +8,11 @@ per layer (T·W/2 cells each); here every sum over cells is reduced per query ro
 the sums over the valid d of row i are
   Σ_d r_X r_Y = Σ a_X a_Y − Σ a_X g − Σ a_Y g − c_Y Σ a_X − c_X Σ a_Y + Σ g² + (c_X + c_Y) Σ g + n_i c_X c_Y,
   Σ_d r_X = Σ a_X − Σ g − n_i c_X,
-and only Σ_d a_X a_Y, Σ_d a_X g and Σ_d a_X need the dense arrays: row dot products and matrix-vector
-products, in float64, in one pass (the terms are of the size of logits and r is smaller, so the float64
-expansion loses a few digits of sixteen). Profiles come out per cell, or summed directly onto a coarser
-grid's cells for tables. `components.components` computes the same numbers (it serves the bootstrap).
+and only Σ_d a_X a_Y, Σ_d a_X and, summed over a range's rows, Σ a_X g = Σ_d g(d) Σ_i a_X(i, d) need the
+dense arrays: row dot products, row sums and column sums, in float64, in one pass that needs no g yet
+(the terms are of the size of logits and r is smaller, so the expansion loses a few digits of sixteen).
+Profiles come out per cell, or summed directly onto a coarser grid's cells for tables.
+`components.components` computes the same numbers (it serves the bootstrap).
 """
 
 from __future__ import annotations
