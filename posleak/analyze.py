@@ -184,8 +184,8 @@ def analyze_model(
     states = torch.cat(pos0, dim=1)
     closed = closed_system(states, states[0])  # group by the vector at position 0 (after interventions)
     require_closed_system(closed)
-    grid = decomposition.grid
-    measured = decomposition.result(resamples=config.bootstrap, seed=config.seed, profile_grid=tables_grid(grid))
+    profile_grid = tables_grid(decomposition.grid)
+    measured = decomposition.result(resamples=config.bootstrap, seed=config.seed, profile_grid=profile_grid)
     result = _tables(measured, stats.result(), session, states, closed)
     timings = {"forward_s": round(forward_s, 3), "total_s": round(time.perf_counter() - started, 3)}
     manifest = _manifest(model_id, loaded, batch, config, tokenizer, measured, closed, sink_heads, timings)

@@ -73,7 +73,7 @@ from posleak.measure.resampled import resampled_magnitudes
 CellPath = Literal["auto", "bilinear", "materialised"]
 LAYER_MAGNITUDES = ("mask_early", "mask_all", "resid_early", "resid_all")
 DEFAULT_MEMORY_BUDGET = 2 * 2**30
-# Elements of the largest temporary one call's cell sums form at once (a gathered or materialised block):
+# Elements of the largest temporary one call's cell sums form at once (a materialised block of logits):
 # small enough that the allocator reuses memory instead of mapping fresh pages for every block.
 _BLOCK_ELEMENTS = 1 << 21
 # Float64 elements of the queries swept repeatedly in one pass (a few MB: they stay in the cache).
@@ -121,7 +121,7 @@ def reduce_call(
             for row, u in enumerate(unit.tolist()):  # per sequence: a strided in-place add, no gather
                 target[u, :, block.q0 : block.q1, : block.offsets] += block.by_offset[row].to(target.device)
         else:
-            _add_binned(dense, block, layout)
+            layout.grid.add_binned(dense, block.by_offset, block.q0)
         # squares of the logits formed and summed in float64 (the norm casts each element, no copy of the block)
         rows.squares += torch.linalg.vector_norm(block.by_offset, dim=(-2, -1), dtype=torch.float64).square()
         if bilinear is None:
@@ -216,16 +216,6 @@ def _offset_blocks(call: AttentionCall, dtype: torch.dtype, max_offsets: int | N
         if call.softcap is not None:
             raw = soft_cap(raw, call.softcap)
         yield _OffsetBlock(q0, q1, offsets, raw.view(batch, heads, rows, -1))
-
-
-def _add_binned(dense: torch.Tensor, block: _OffsetBlock, layout: CellLayout) -> None:
-    """Coarse grid: each row's float64 cumulative sums along the offset, differenced at the bin edges,
-    then rows summed within query bins, into dense (B, H, bins, bins)."""
-    edges = torch.tensor(layout.grid.edges, device=dense.device)
-    cumulative = F.pad(block.by_offset.double().cumsum(-1), (1, 0))
-    hi, lo = edges[1:].clamp(max=block.offsets), edges[:-1].clamp(max=block.offsets)
-    query_bin = layout.grid.bin_of_position[block.q0 : block.q1].to(dense.device)
-    dense.index_add_(2, query_bin, cumulative[..., hi] - cumulative[..., lo])
 
 
 def _add_first_moments(rows: RowSums, block: _OffsetBlock) -> None:

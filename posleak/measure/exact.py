@@ -58,7 +58,7 @@ def exact_profile(
     magnitude of MAGNITUDES, each (H,), from the dense per-unit sums `cells` (U, H, T, W) and Σ log Z
     per unit `log_z` (U, H, T)."""
     seq_len, width = cells.shape[2:]
-    groups = {"all": units.halves > -2, "a": units.halves == 0, "b": units.halves == 1}
+    groups = {"all": torch.ones_like(units.halves, dtype=torch.bool), "a": units.halves == 0, "b": units.halves == 1}
     counts = {name: units.sizes[members].sum() for name, members in groups.items()}
     sums = _one_pass(cells, groups, counts, ranges, layout, on)
     g = F.pad(sums.all_columns, (0, seq_len - width)) / layout.offset_count  # NaN beyond the window, as in components()
@@ -147,7 +147,6 @@ def _one_pass(
     prefix = {0: {x: column.clone() for x, column in running.items()}}  # row boundary b → Σ_{i<b} S_X(i, ·)
     on_cells = torch.zeros(heads, on.grid.num_bins, on.grid.num_bins, dtype=torch.float64)
     exact, per_cell = on is layout, []
-    edges = torch.tensor(on.grid.edges).clamp(max=width)
     members = {x: members.nonzero().flatten() for x, members in groups.items()}
     block = max(1, _BLOCK_ELEMENTS // (units * heads * width))
     for i0 in range(0, seq_len, block):
@@ -167,10 +166,8 @@ def _one_pass(
             prefix[i1] = {x: column.clone() for x, column in running.items()}
         if exact:
             per_cell.append(sums["all"][:, torch.arange(width) <= layout.max_offset[i0:i1, None]] / counts["all"])
-        else:  # sums over each coarse offset bin (0 at invalid offsets), then over query bins
-            cumulative = F.pad(sums["all"].cumsum(-1), (1, 0))
-            by_bin = cumulative[..., edges[1:]] - cumulative[..., edges[:-1]]
-            on_cells.index_add_(1, on.grid.bin_of_position[i0:i1], by_bin / counts["all"])
+        else:
+            on.grid.add_binned(on_cells, sums["all"] / counts["all"], i0)
     return _Sums(
         total=total,
         a_times_b=a_times_b,

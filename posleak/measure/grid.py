@@ -16,6 +16,7 @@ from functools import cached_property, lru_cache
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 
 from posleak.capture.masks import MaskSpec
 
@@ -66,6 +67,17 @@ class Grid:
         """The bin of each position 0..T−1, shape (T,)."""
         edges = torch.tensor(self.edges)
         return torch.bucketize(torch.arange(self.seq_len), edges, right=True) - 1
+
+    def add_binned(self, dense: torch.Tensor, per_offset: torch.Tensor, first_query: int) -> None:
+        """Sum per-(query, offset) values onto the cells: `per_offset` (..., rows, W) holds queries
+        first_query.. and offsets 0..W−1 (0 where invalid); each row's float64 cumulative sums along the
+        offset are differenced at the bin edges, then rows are summed within query bins, into `dense`
+        (..., bins, bins) indexed (query bin, offset bin)."""
+        rows, width = per_offset.shape[-2:]
+        edges = torch.tensor(self.edges, device=dense.device).clamp(max=width)
+        cumulative = F.pad(per_offset.double().cumsum(-1), (1, 0))
+        query_bin = self.bin_of_position[first_query : first_query + rows].to(dense.device)
+        dense.index_add_(-2, query_bin, cumulative[..., edges[1:]] - cumulative[..., edges[:-1]])
 
     def describe(self) -> dict[str, object]:
         """What a manifest records about the grid."""
@@ -147,8 +159,7 @@ class CellLayout:
         """Sparse CSR (bins, T): row a averages a per-query quantity over query bin a. On a uniform cell
         the mean over its pairs is its query bin's mean (see `to_cells`, and resampled.py)."""
         bins = self.grid.bin_of_position
-        width = torch.bincount(bins, minlength=self.grid.num_bins).double()
-        return _sparse_rows(bins, torch.arange(self.grid.seq_len), 1 / width[bins], self.grid.seq_len)
+        return _sparse_rows(bins, torch.arange(self.grid.seq_len), 1 / self.bin_width[bins], self.grid.seq_len)
 
     @cached_property
     def partial(self) -> torch.Tensor:
