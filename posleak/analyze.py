@@ -1,16 +1,20 @@
-"""`posleak analyze`: one model, one set of sequences, the measurements of DESIGN.md §3, one run folder.
+"""`posleak analyze`: one model, one set of sequences, the measurements of docs/method.md, one run folder.
 
-The flow of DESIGN.md §2 in one function: sequences → forward passes with posleak's attention and
-its streaming accumulators (decomposition, log Z / sink scores) plus the position-0 residual capture
-→ tables, figures, report, manifest. After every batch the accumulators' state is checkpointed in the
-run folder, so an interrupted run, rerun with the same arguments, resumes where it stopped.
+The flow in one function: sequences → forward passes with posleak's attention, capturing each layer's q,
+k and log Z (capture/store.py) and the position-0 residual states → one pass over each layer's logits that
+measures it (measure/decomposition.py) → tables, figures, report, manifest. Every finished batch and every
+measured layer is kept in the run folder's `.partial/`, so an interrupted run, rerun with the same
+arguments, resumes where it stopped.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,28 +28,25 @@ from posleak.capture import (
     AttentionCall,
     CaptureSession,
     QueryStats,
-    QueryStatsResult,
     ResidualCapture,
     closed_system,
     require_closed_system,
 )
 from posleak.capture.residual import ClosedSystemReport
+from posleak.capture.store import CaptureFolder, QKRecorder
 from posleak.data.batches import TokenBatch, iter_batches, load_token_file, make_sequences
 from posleak.data.corpus import load_corpus
 from posleak.errors import PosleakError
 from posleak.intervene import Interventions
-from posleak.measure import LAYER_MAGNITUDES, Decomposition, DecompositionAccumulator, Grid
+from posleak.measure import LAYER_MAGNITUDES, Decomposition, Grid, LayerResult, MeasureSpec, measure_layer
 from posleak.measure.position0 import fingerprint_constancy
 from posleak.models.load import LoadedModel, load_model
 from posleak.report import figures
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
 from posleak.report.runfolder import MANIFEST, RunFolder, TokenCount, provenance
 
-# Checkpoint the accumulators at most this often (seconds): the exact grid's state is large.
-CHECKPOINT_EVERY_S = 20.0
-# Profile tables on the exact grid grow as T²·heads·layers rows: beyond this length they are written
-# re-binned onto the coarse grid (the magnitudes are still computed on the exact grid).
-EXACT_TABLES_UP_TO = 128
+# Profile tables on the exact grid grow as T²·heads·layers rows: refused beyond this length.
+EXACT_TABLES_UP_TO = 256
 
 
 @dataclass(frozen=True)
@@ -141,52 +142,30 @@ def analyze_model(
 ) -> AnalysisResult:
     """Analyse `batch` on `model` (already switched to posleak attention).
 
+    Two stages: forward passes that capture each layer's q, k and log Z (one file per batch, the run's
+    checkpoint), then one pass over each layer's logits that measures it (one checkpoint per layer).
     `loaded` supplies provenance for a checkpoint (its id and file hash); a lab model passes `model_id`.
     """
     tokenizer = loaded.tokenizer if loaded is not None else tokenizer
     model_id = loaded.name if loaded is not None else (model_id or type(model).__name__)
+    table_grid = tables_grid(config, batch.seq_len)
     run = RunFolder(Path(out)) if out is not None else None
     args = _run_args(model_id, loaded, batch, config)
     if run is not None and run.begin(args) == "complete":
         return AnalysisResult.read(run)
 
     started = time.perf_counter()
-    interventions = config.interventions
-    sink_heads = _sink_heads(model, batch, config) if interventions.needs_sink_heads else None
-    edits = interventions.attention_edits(sink_heads)
-    decomposition = DecompositionAccumulator(
-        config.grid, batch.seq_len, batch.num_seqs, early=config.early, per_sequence=config.bootstrap > 0
-    )
-    stats = QueryStats(entropy=False)
-    pos0: list[torch.Tensor] = []
-    done = _resume(run, decomposition, stats, pos0)
-
-    chunks = list(iter_batches(batch, config.batch_size))
-    bar = tqdm(total=len(chunks), initial=done, desc=f"analyze {model_id}", unit="batch", disable=not progress)
-    layers = model.config.get_text_config(decoder=True).num_hidden_layers
-    session = CaptureSession([decomposition, stats, LayerProgress(bar, layers)], edits=edits)
-    last_save = time.perf_counter()
-    with interventions.applied(model, tokenizer, bos_at_0=batch.bos_id is not None):
-        for index, (seq_index, ids) in enumerate(chunks):
-            if index < done:
-                continue
-            with ResidualCapture(model, positions=[0]) as capture:
-                session.forward(model, ids, seq_index)
-            pos0.append(capture.states()[:, :, 0])
-            _check_finite(pos0[-1], model_id)
-            bar.update(1)
-            if run is not None and (index + 1 < len(chunks)) and time.perf_counter() - last_save > CHECKPOINT_EVERY_S:
-                _checkpoint(run, index + 1, decomposition, stats, pos0)
-                last_save = time.perf_counter()
-    bar.close()
-    forward_s = time.perf_counter() - started
-
-    states = torch.cat(pos0, dim=1)
-    closed = closed_system(states, states[0])  # group by the vector at position 0 (after interventions)
-    require_closed_system(closed)
-    profile_grid = tables_grid(decomposition.grid)
-    measured = decomposition.result(resamples=config.bootstrap, seed=config.seed, profile_grid=profile_grid)
-    result = _tables(measured, stats.result(), session, states, closed)
+    with _capture_folder(run) as captures:
+        sink_heads = _capture(model, batch, config, captures, tokenizer, model_id, progress)
+        forward_s = time.perf_counter() - started
+        states = torch.cat(captures.extra("pos0"), dim=1)
+        closed = closed_system(states, states[0])  # group by the vector at position 0 (after interventions)
+        require_closed_system(closed)
+        spec = MeasureSpec(
+            batch.seq_len, batch.num_seqs, table_grid, early=config.early, resamples=config.bootstrap, seed=config.seed
+        )
+        measured = Decomposition.of(_measure(captures, spec, run, model_id, progress), spec)
+    result = _tables(measured, states, closed)
     timings = {"forward_s": round(forward_s, 3), "total_s": round(time.perf_counter() - started, 3)}
     manifest = _manifest(model_id, loaded, batch, config, tokenizer, measured, closed, sink_heads, timings)
     result.manifest = manifest
@@ -195,6 +174,72 @@ def analyze_model(
         run.finish(manifest)
         result.run = run
     return result
+
+
+@contextmanager
+def _capture_folder(run: RunFolder | None) -> Iterator[CaptureFolder]:
+    """The run's own capture folder (kept for a resume until the run finishes), or a temporary one."""
+    if run is not None:
+        yield CaptureFolder(run.partial_dir / "captures")
+        return
+    with tempfile.TemporaryDirectory(prefix="posleak-captures-") as folder:
+        yield CaptureFolder(Path(folder))
+
+
+def _capture(
+    model: PreTrainedModel,
+    batch: TokenBatch,
+    config: AnalyzeConfig,
+    captures: CaptureFolder,
+    tokenizer: PreTrainedTokenizerBase | None,
+    model_id: str,
+    progress: bool,
+) -> dict[int, tuple[int, ...]] | None:
+    """Run every batch not captured yet; returns the sink heads an `auto` ablation chose (else None)."""
+    interventions = config.interventions
+    sink_heads = _sink_heads(model, batch, config) if interventions.needs_sink_heads else None
+    chunks = list(iter_batches(batch, config.batch_size))
+    todo = [index for index in range(len(chunks)) if not captures.has(index)]
+    if not todo:
+        return sink_heads
+    bar = tqdm(
+        total=len(chunks),
+        initial=len(chunks) - len(todo),
+        desc=f"forward {model_id}",
+        unit="batch",
+        disable=not progress,
+    )
+    recorder = QKRecorder()
+    layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    session = CaptureSession([recorder, LayerProgress(bar, layers)], edits=interventions.attention_edits(sink_heads))
+    with interventions.applied(model, tokenizer, bos_at_0=batch.bos_id is not None):
+        for index in todo:
+            seq_index, ids = chunks[index]
+            with ResidualCapture(model, positions=[0]) as residual:
+                session.forward(model, ids, seq_index)
+            pos0 = residual.states()[:, :, 0]
+            _check_finite(pos0, model_id)
+            captures.write(index, seq_index, recorder, {"pos0": pos0})
+            bar.update(1)
+    bar.close()
+    return sink_heads
+
+
+def _measure(
+    captures: CaptureFolder, spec: MeasureSpec, run: RunFolder | None, model_id: str, progress: bool
+) -> list[LayerResult]:
+    """Measure every layer from its captures; each finished layer is kept for a resume."""
+    results = []
+    for layer in tqdm(captures.layers(), desc=f"measure {model_id}", unit="layer", disable=not progress):
+        state = run.load_partial(f"layer{layer}") if run is not None else None
+        if state is None:
+            result = measure_layer(captures.layer(layer), spec)
+            if run is not None:
+                run.save_partial(f"layer{layer}", result.state())
+        else:
+            result = LayerResult.from_state(state, spec)
+        results.append(result)
+    return results
 
 
 class LayerProgress:
@@ -223,31 +268,6 @@ def _tokens_hash(ids: torch.Tensor) -> str:
     return hashlib.sha256(ids.numpy().tobytes()).hexdigest()
 
 
-def _resume(
-    run: RunFolder | None, decomposition: DecompositionAccumulator, stats: QueryStats, pos0: list[torch.Tensor]
-) -> int:
-    """Load the checkpoint of an interrupted run; the number of batches already done."""
-    state = run.load_partial("state") if run is not None else None
-    if state is None:
-        return 0
-    decomposition.load_state_dict(state["decomposition"])
-    stats.load_state_dict(state["query_stats"])
-    pos0.append(state["pos0"])
-    return int(state["batches_done"])
-
-
-def _checkpoint(
-    run: RunFolder, batches_done: int, decomposition: DecompositionAccumulator, stats: QueryStats, pos0: list
-) -> None:
-    state = {
-        "batches_done": batches_done,
-        "decomposition": decomposition.state_dict(),
-        "query_stats": stats.state_dict(),
-        "pos0": torch.cat(pos0, dim=1),
-    }
-    run.save_partial("state", state)
-
-
 def _check_finite(states: torch.Tensor, model_id: str) -> None:
     if not torch.isfinite(states).all():
         layer = int((~torch.isfinite(states)).flatten(1).any(1).nonzero()[0])
@@ -264,23 +284,7 @@ def _sink_heads(model: PreTrainedModel, batch: TokenBatch, config: AnalyzeConfig
     return {layer: tuple(heads[layer].nonzero().flatten().tolist()) for layer in range(heads.shape[0])}
 
 
-def _tables(
-    decomposition: Decomposition,
-    stats: QueryStatsResult,
-    session: CaptureSession,
-    pos0_states: torch.Tensor,
-    closed: ClosedSystemReport,
-) -> AnalysisResult:
-    layers, heads = stats.sink_score.shape
-    sink = pd.DataFrame(
-        {
-            "layer": [layer for layer in range(layers) for _ in range(heads)],
-            "head": [head for _ in range(layers) for head in range(heads)],
-            "sink_score": stats.sink_score.flatten().numpy(),
-        }
-    )
-    per_layer = _layer_layout(session).merge(decomposition.per_layer(), on="layer")
-    per_layer["sink_rate"] = stats.sink_rate.numpy()[per_layer["layer"].to_numpy()]
+def _tables(decomposition: Decomposition, pos0_states: torch.Tensor, closed: ClosedSystemReport) -> AnalysisResult:
     position0 = pd.DataFrame(
         {
             "layer": range(pos0_states.shape[0]),
@@ -288,21 +292,25 @@ def _tables(
             "closed_spread": closed.max_rel_spread.numpy(),
         }
     )
-    table_grid = tables_grid(decomposition.grid)
     return AnalysisResult(
-        per_head=sink.merge(decomposition.per_head(), on=["layer", "head"]),
-        per_layer=per_layer,
-        profiles=decomposition.profiles(table_grid),
-        offset_map=decomposition.offset_map(table_grid),
+        per_head=decomposition.per_head(),
+        per_layer=_layer_layout(decomposition).merge(decomposition.per_layer(), on="layer"),
+        profiles=decomposition.profiles(),
+        offset_map=decomposition.offset_map(),
         position0=position0,
         bootstrap=_bootstrap_table(decomposition),
         manifest={},
     )
 
 
-def tables_grid(grid: Grid) -> Grid:
-    """The grid the profile tables are written on (see EXACT_TABLES_UP_TO)."""
-    return Grid(grid.seq_len, "coarse") if grid.kind == "exact" and grid.seq_len > EXACT_TABLES_UP_TO else grid
+def tables_grid(config: AnalyzeConfig, seq_len: int) -> Grid:
+    """The grid the profile and offset-map tables are written on; the magnitudes never depend on it."""
+    if config.grid == "exact" and seq_len > EXACT_TABLES_UP_TO:
+        raise PosleakError(
+            f"--grid exact writes one table row per (query, offset) pair and head, too many at T = {seq_len}; "
+            f"use --grid coarse (the magnitudes are the same on every grid) or T ≤ {EXACT_TABLES_UP_TO}"
+        )
+    return Grid(seq_len, "exact" if config.grid == "exact" else "coarse")
 
 
 def _bootstrap_table(decomposition: Decomposition) -> pd.DataFrame:
@@ -324,13 +332,12 @@ def _bootstrap_table(decomposition: Decomposition) -> pd.DataFrame:
     return frame
 
 
-def _layer_layout(session: CaptureSession) -> pd.DataFrame:
+def _layer_layout(decomposition: Decomposition) -> pd.DataFrame:
     """Layer type and window as the run computed them (after any window override)."""
-    layers = sorted(session.masks)
-    windows = [session.masks[layer].window for layer in layers]
+    windows = [profile.layout.mask.window for profile in decomposition.layer_profiles]
     return pd.DataFrame(
         {
-            "layer": layers,
+            "layer": decomposition.layers,
             "layer_type": ["sliding_attention" if w is not None else "full_attention" for w in windows],
             "window": [w or 0 for w in windows],
         }
@@ -355,7 +362,10 @@ def _manifest(
         model_id=model_id,
         model_hash=loaded.file_hash if loaded is not None else None,
         dtype="float32",
-        attention_path="posleak (torch CPU flash kernel with log-sum-exp; block-wise where soft-capped)",
+        attention_path=(
+            "posleak (torch CPU flash kernel with log-sum-exp; block-wise where soft-capped); "
+            "logits formed again from the captured q and k for the measurement"
+        ),
         bos_policy=batch.bos_policy,
         position0_tokens=_position0_tokens(batch, tokenizer),
         seq_len=batch.seq_len,
@@ -368,7 +378,6 @@ def _manifest(
     )
     manifest["data"] |= batch.provenance()
     manifest["measurement"] = decomposition.describe()
-    manifest["tables_grid"] = tables_grid(decomposition.grid).describe()
     manifest["early"] = config.early
     if loaded is not None:
         manifest["model"]["facts"] = loaded.facts.to_dict()

@@ -16,6 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from harness import analyze_recorded, errors_of
+from reference import assert_close
 from safetensors.torch import load_file
 from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
 
@@ -29,7 +31,6 @@ from posleak.lab.model import LabForCausalLM, build_lab_model
 from posleak.lab.sweep import SweepSpec, run_sweep
 from posleak.lab.trainer import TrainConfig, train
 from posleak.lab.trial import MARKER, EvalConfig, trial_folder
-from posleak.measure import DecompositionAccumulator
 from posleak.measure.probe import PROBE_COLUMNS, ProbeConfig, probe_positions
 
 VOCAB = 96
@@ -259,17 +260,25 @@ def test_prefix_queries_see_their_whole_prefix() -> None:
 # ---------------------------------------------------------------------------------------- norms
 
 
-def test_sigmoid_has_log_z_zero_and_no_causal_mask_component() -> None:
-    model, ids = _model("rope", "sigmoid"), _ids(batch=4)
-    stats = QueryStats()
-    decomposition = DecompositionAccumulator("exact", T, ids.shape[0])
-    CaptureSession([stats, decomposition]).forward(model, ids)
-    assert torch.equal(stats.result().log_z, torch.zeros_like(stats.result().log_z))
-    result = decomposition.result(resamples=0)
-    for profile in result.layer_profiles:
-        assert torch.equal(profile.m, torch.zeros_like(profile.m))
-    assert float(result.magnitudes["mask_all"].abs().max()) == 0.0
-    assert float(result.magnitudes["resid_all"].max()) > 0.0
+@pytest.mark.parametrize(
+    ("pe", "norm", "attention"),
+    [
+        ("rope", "softmax", "causal"),
+        ("rope", "sink", "causal"),
+        ("rope", "sigmoid", "causal"),
+        ("alibi", "softmax", f"window:{WINDOW}"),
+        ("learned", "softmax", "causal"),
+        ("nope", "sink", "causal"),
+    ],
+)
+def test_lab_models_match_brute_force(pe: str, norm: str, attention: str) -> None:
+    """The default analysis of lab models (ALiBi and the logit bias live in q and k) against the float64
+    brute force of the definitions; sigmoid attention has log Z ≡ 0, so m ≡ 0 exactly and only r is left."""
+    result, recorder = analyze_recorded(_model(pe, norm, attention), _ids(batch=6))
+    assert_close(errors_of(result, recorder), 1e-5)
+    if norm == "sigmoid":
+        assert (result.per_head[["mask_early", "mask_all"]] == 0).all().all()
+        assert (result.profiles["m"] == 0).all() and result.per_head["resid_all_raw"].min() > 0
 
 
 def test_sink_logit_enters_log_z() -> None:

@@ -107,6 +107,7 @@ def posleak_attention(
         output=output,
         attended_keys=attended_keys,
         sequence_index=session.sequence_index,
+        groups=groups,
     )
     call.output = session.edits.ablate_key0_values(call)
     session.record(call)

@@ -38,7 +38,7 @@ class AttentionCall:
 
     layer: int
     query: torch.Tensor  # (B, H, T, D), post-RoPE
-    key: torch.Tensor  # (B, H, T, D), post-RoPE
+    key: torch.Tensor  # (B, H, T, D), post-RoPE, each KV head repeated for its `groups` query heads
     value: torch.Tensor  # (B, H, T, Dv)
     scaling: float
     softcap: float | None
@@ -50,10 +50,16 @@ class AttentionCall:
     output: torch.Tensor  # (B, H, T, Dv), after any ablation of the value at key 0
     attended_keys: torch.Tensor | None  # (B, H, T, D): Σ_j a_ij k_j, when an accumulator asked for it
     sequence_index: torch.Tensor  # (B,) position of each row in the input order
+    groups: int = 1  # query heads per KV head (GQA)
 
     @property
     def seq_len(self) -> int:
         return self.query.shape[-2]
+
+    @property
+    def distinct_keys(self) -> torch.Tensor:
+        """The KV heads' keys without the GQA repeat, (B, H / groups, T, D)."""
+        return self.key[:, :: self.groups]
 
     def logits(self, q0: int, q1: int) -> torch.Tensor:
         """The pre-softmax logits s_ij of queries q0..q1−1, shape (B, H, q1−q0, T), −inf where invalid."""

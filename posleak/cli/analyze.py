@@ -57,7 +57,13 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--corpus", default=defaults.corpus, help="stdlib | FILE.txt | FOLDER | FILE.jsonl[:field]")
     source.add_argument("--tokens", help="a .npy file of token ids (N×T), taken verbatim")
     parser.add_argument("--cross-documents", action="store_true", help="let sequences run across documents")
-    parser.add_argument("--grid", choices=["coarse", "exact"], default=defaults.grid)
+    parser.add_argument(
+        "--grid",
+        choices=["coarse", "exact"],
+        default=defaults.grid,
+        help="resolution of the profile and offset-map tables (exact: one cell per pair, T ≤ 256); "
+        "magnitudes are over single pairs whatever the grid",
+    )
     parser.add_argument("--early", type=int, default=defaults.early, help="early queries are 1 ≤ i < K")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--bootstrap", type=int, default=defaults.bootstrap, help="bootstrap resamples")

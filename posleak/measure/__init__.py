@@ -1,53 +1,39 @@
 """Measurements on captured attention: the leakage decomposition (g, m, r), ΔR², bootstrap intervals."""
 
-from posleak.measure.bootstrap import identity_weights, percentile_interval, resample_weights
-from posleak.measure.components import (
-    MAGNITUDES,
-    Components,
-    LayerProfile,
-    UnitArrays,
-    Units,
-    components,
-    magnitudes,
-    mask_component,
-)
+from posleak.measure.bootstrap import percentile_interval, resample_weights
+from posleak.measure.components import MAGNITUDES, LayerProfile, halves, magnitudes, mask_component, profile
 from posleak.measure.decomposition import (
     LAYER_MAGNITUDES,
     Decomposition,
-    DecompositionAccumulator,
-    LayerSums,
-    cell_sums,
-    reduce_call,
+    LayerResult,
+    MeasureSpec,
+    measure_layer,
 )
 from posleak.measure.grid import CellLayout, Grid, GridKind
-from posleak.measure.regression import DesignMoments, KeyRanges, RowSums, delta_r2, sum_of_squares
-from posleak.measure.resampled import resampled_magnitudes
+from posleak.measure.layer_sums import LayerSums, segment_boundaries, sum_layer
+from posleak.measure.regression import DesignMoments, delta_r2, running_sums
 
 __all__ = [
     "LAYER_MAGNITUDES",
     "MAGNITUDES",
     "CellLayout",
-    "Components",
     "Decomposition",
-    "DecompositionAccumulator",
     "DesignMoments",
     "Grid",
     "GridKind",
-    "KeyRanges",
     "LayerProfile",
+    "LayerResult",
     "LayerSums",
-    "RowSums",
-    "UnitArrays",
-    "Units",
-    "cell_sums",
-    "components",
+    "MeasureSpec",
     "delta_r2",
-    "identity_weights",
+    "halves",
     "magnitudes",
     "mask_component",
+    "measure_layer",
     "percentile_interval",
-    "reduce_call",
+    "profile",
     "resample_weights",
-    "resampled_magnitudes",
-    "sum_of_squares",
+    "running_sums",
+    "segment_boundaries",
+    "sum_layer",
 ]

@@ -3,7 +3,7 @@
 A resample draws N sequences with replacement. It is written as integer weights per sequence (how
 often each was drawn), so the resampled sum of any per-sequence quantity is weights × per-sequence sums:
 one matrix product serves every resample. Weights of all ones are the original sample, which is how the
-point estimates are computed too: the same code, with `identity_weights`.
+point estimates are computed too: the same code.
 """
 
 from __future__ import annotations
@@ -18,11 +18,6 @@ def resample_weights(num_seqs: int, resamples: int, seed: int) -> torch.Tensor:
     draws = torch.randint(num_seqs, (resamples, num_seqs), generator=generator)
     weights = torch.zeros(resamples, num_seqs, dtype=torch.float64)
     return weights.scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64))
-
-
-def identity_weights(num_units: int) -> torch.Tensor:
-    """The original sample as a single 'resample': (1, num_units) ones."""
-    return torch.ones(1, num_units, dtype=torch.float64)
 
 
 def percentile_interval(samples: torch.Tensor, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,220 +1,194 @@
-"""g, m and r of DESIGN.md §3.1 from a layer's per-unit sums, and the magnitudes of §3.1.
+"""g, m and r of docs/method.md and their magnitudes over single (i, d) pairs, from a layer's sums.
 
-The sums (decomposition.py) are kept per unit: per sequence, or per half A / B when per-sequence sums do
-not fit the memory budget (`Units`). Every quantity here is computed for R weightings of the units at
-once: the point estimate is the weighting of all ones, a bootstrap resample draws integer weights
-(bootstrap.py). resampled.py computes the same magnitudes for many resamples from second moments.
+Everything is computed for R weightings of the N sequences at once: the point estimate is the weighting of
+all ones, a bootstrap resample the number of times each sequence was drawn (bootstrap.py). Every sum in
+`LayerSums` is a sum over sequences, so a resample's sums are weights × per-sequence sums and its Gram
+sums are wᵀ G w: a resample costs O(H·(T + N²)) and no pass over the logits.
+
+With the groups X of sequences (all, half A = the first ⌊N/2⌋, half B = the next ⌊N/2⌋), a_X(i, d) the
+weighted mean over X of s_{i,i−d}, g the relative part and m the causal-mask component of the whole
+(re)sample, c_X(i) = mean over X of log Z_i + m(i) and r_X = a_X − g − c_X, the sums over the cells of
+a query range Q are
+
+  Σ r_X     = Σ_i R̄_X(i) − Σ_i P(i) − Σ_i n_i c_X(i)
+  Σ r_X r_Y = Σ a_X a_Y − Σ_d g(d) (C_X(d) + C_Y(d)) − Σ_i (c_Y R̄_X + c_X R̄_Y)(i)
+              + Σ_i P₂(i) + Σ_i (c_X + c_Y)(i) P(i) + Σ_i n_i c_X(i) c_Y(i)
+
+over i ∈ Q, where R̄_X are row sums and C_X column sums over Q of a_X, Σ a_X a_Y = w_Xᵀ G_Q w_Y / (W_X W_Y),
+n_i = D_i + 1 the valid offsets of query i, P(i) = Σ_{d≤D_i} g(d) and P₂(i) = Σ_{d≤D_i} g(d)². The terms
+are of the size of logits and r is smaller, so the expansion costs a few of float64's sixteen digits.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Literal
+from dataclasses import dataclass
 
 import torch
 
-from posleak.measure.grid import CellLayout, Grid
+from posleak.measure.grid import CellLayout
+from posleak.measure.layer_sums import LayerSums
 
-UnitMode = Literal["sequence", "halves"]
 MAGNITUDES = ("mask_early", "mask_all", "resid_early", "resid_all", "resid_early_raw", "resid_all_raw")
+# (R, H, T) float64 elements per array in one chunk of resamples (about a dozen such arrays are alive).
+_CHUNK_ELEMENTS = 1 << 21
 
 
-@dataclass(frozen=True)
-class Units:
-    """How the N sequences are grouped into the units whose sums are kept (module docstring).
-
-    In "halves" mode only the non-empty ones of A, B and rest are kept: N even → A, B; N = 1 → rest.
-    """
-
-    mode: UnitMode
-    num_seqs: int
-
-    def _half(self, sequence_index: torch.Tensor) -> torch.Tensor:
-        """0 = A (index < ⌊N/2⌋), 1 = B (⌊N/2⌋ ≤ index < 2⌊N/2⌋), 2 = rest."""
-        half = self.num_seqs // 2
-        return (sequence_index >= half).long() + (sequence_index >= 2 * half).long()
-
-    @property
-    def _present(self) -> torch.Tensor:
-        return self._half(torch.arange(self.num_seqs)).unique()
-
-    @property
-    def count(self) -> int:
-        return self.num_seqs if self.mode == "sequence" else self._present.numel()
-
-    def of(self, sequence_index: torch.Tensor) -> torch.Tensor:
-        """The unit of each sequence index."""
-        if self.mode == "sequence":
-            return sequence_index
-        return torch.searchsorted(self._present, self._half(sequence_index))
-
-    @property
-    def sizes(self) -> torch.Tensor:
-        """Sequences per unit, (U,) float64."""
-        return torch.zeros(self.count, dtype=torch.float64).index_add_(
-            0, self.of(torch.arange(self.num_seqs)), torch.ones(self.num_seqs, dtype=torch.float64)
-        )
-
-    @property
-    def halves(self) -> torch.Tensor:
-        """Half of each unit, (U,): 0 = A, 1 = B, −1 = neither (the odd last sequence)."""
-        half = self._half(torch.arange(self.num_seqs)) if self.mode == "sequence" else self._present
-        return torch.where(half == 2, -1, half)
+def halves(num_seqs: int) -> torch.Tensor:
+    """The half of each sequence, (N,): 0 = A (index < ⌊N/2⌋), 1 = B (next ⌊N/2⌋), −1 = the odd last one."""
+    half = num_seqs // 2
+    index = torch.arange(num_seqs)
+    return torch.where(index < half, 0, torch.where(index < 2 * half, 1, -1))
 
 
-@dataclass
-class Components:
-    """g, m and r of one layer for R (re)samples: shapes (R, H, bins), (R, H, T), (R, H, C)."""
-
-    g: torch.Tensor  # per offset bin: mean of s over its valid pairs (NaN for a bin beyond the window)
-    m: torch.Tensor  # per query
-    m_cell: torch.Tensor
-    r: torch.Tensor
-    r_a: torch.Tensor  # r of half A (with g and m of the whole sample)
-    r_b: torch.Tensor
-    mean_s: torch.Tensor  # per cell, mean over n and the cell's pairs of s
+def relative_part(sums: LayerSums, weights: torch.Tensor) -> torch.Tensor:
+    """g(d) = mean over the weighted sequences and valid queries of s_{i,i−d}: (R, N) → (R, H, W)."""
+    columns = sums.columns.sum(0)  # (N, H, W): over all queries
+    return torch.einsum("rn,nhd->rhd", weights, columns) / (weights.sum(1)[:, None, None] * sums.offset_count)
 
 
-@dataclass
-class UnitArrays:
-    """A layer's per-unit sums on its cells, (U, H, C) float64: Σ of s over each cell's pairs, and Σ over
-    sequences of the mean of log Z_i over each cell's pairs. Both are linear in the sequences, so a
-    resample's sums are weights × these. `sink` (H,) and `sigmoid` say how the layer normalises."""
-
-    cells: torch.Tensor
-    log_z: torch.Tensor
-    sink: torch.Tensor | None
-    sigmoid: bool
-
-
-def components(arrays: UnitArrays, layout: CellLayout, units: Units, weights: torch.Tensor) -> Components:
-    """g, m, r from the unit sums under weights (R, U): resampled sums are weights × unit sums."""
-
-    def weighted(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # sums of s and of log Z on cells, and the number of sequences, of each (re)sample
-        return (
-            _weighted_sum(w, arrays.cells),
-            _weighted_sum(w, arrays.log_z),
-            (w @ units.sizes)[:, None, None],
-        )
-
-    cells, log_z, size = weighted(weights)
-    g = layout.offset_sums(cells) / (size * layout.offset_count)
-    m = mask_component(g, layout, arrays.sink, arrays.sigmoid)
-    g_cell, m_cell = layout.from_offsets(g), layout.to_cells(m)
-
-    def residual(cells: torch.Tensor, log_z: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
-        # r = mean over the cell's pairs and n of (s − g(d)) − (log Z_i + m(i)), with the whole sample's g and m;
-        # in place: on the exact grid these arrays are large
-        return cells.div_(layout.count).sub_(log_z).div_(size).sub_(g_cell).sub_(m_cell)
-
-    r_a, r_b = (residual(*weighted(weights * (units.halves == half))) for half in (0, 1))
-    mean_s = cells / (size * layout.count)
-    return Components(g=g, m=m, m_cell=m_cell, r=residual(cells, log_z, size), r_a=r_a, r_b=r_b, mean_s=mean_s)
-
-
-def _weighted_sum(weights: torch.Tensor, per_unit: torch.Tensor) -> torch.Tensor:
-    """(R, U) × (U, ...) → (R, ...): one matrix product (einsum takes a slow path for large trailing sizes)."""
-    return (weights @ per_unit.flatten(1)).view(weights.shape[0], *per_unit.shape[1:])
-
-
-def mask_component(g: torch.Tensor, layout: CellLayout, sink: torch.Tensor | None, sigmoid: bool) -> torch.Tensor:
-    """m(i) = −log(Σ over query i's valid offsets of exp g(d) [+ exp sink]), (..., H, bins) → (..., H, T).
-
-    With offsets binned, each offset takes its bin's g: the bins wholly below query i's largest valid
-    offset contribute width·exp g (a running log-sum-exp over bins), its last bin the valid part of it.
-    """
-    if sigmoid:  # no normaliser, no mask component (module docstring)
-        return torch.zeros(*g.shape[:-1], layout.grid.seq_len, dtype=torch.float64)
-    present = layout.offset_count > 0
-    terms = torch.where(present, g + layout.bin_width.log(), float("-inf"))
-    below = torch.logcumsumexp(terms, dim=-1)
-    last = layout.last_bin
-    before = torch.where(last > 0, below[..., (last - 1).clamp(min=0)], float("-inf"))
-    log_sum = torch.logaddexp(before, g[..., last] + layout.last_bin_count.log())
-    if sink is not None:
-        log_sum = torch.logaddexp(log_sum, sink[:, None])
+def mask_component(g: torch.Tensor, sums: LayerSums) -> torch.Tensor:
+    """m(i) = −log(Σ_{d ≤ D_i} exp g(d) [+ exp sink]) for g (..., H, W) → (..., H, T); 0 for sigmoid
+    attention, which has no normaliser. A learned sink logit is a position-independent term of the
+    denominator, so purely relative logits give r ≡ 0 with or without one."""
+    if sums.sigmoid:
+        return torch.zeros(*g.shape[:-1], sums.seq_len, dtype=torch.float64)
+    log_sum = torch.logcumsumexp(g, dim=-1)[..., sums.max_offset]
+    if sums.sink is not None:
+        log_sum = torch.logaddexp(log_sum, sums.sink[:, None])
     return -log_sum
 
 
-def magnitudes(parts: Components, layout: CellLayout, ranges: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:
-    """Every magnitude of MAGNITUDES, each (R, H): RMS over the range's cells (weighted by their pairs) of
-    the component minus its mean; the corrected r uses the covariance of the two halves' deviations."""
+def magnitudes(sums: LayerSums, weights: torch.Tensor, ranges: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:
+    """Every magnitude of MAGNITUDES for each row of `weights` (R, N), each (R, H). Magnitudes are RMS over
+    the range's valid (i, d) pairs of the component minus its mean; the corrected r is the square root of
+    the covariance of the two halves' r (NaN when a half is empty), the raw one is beside it."""
+    chunk = max(1, _CHUNK_ELEMENTS // (sums.rows.shape[1] * sums.seq_len))
+    parts = [_magnitudes(sums, weights[r0 : r0 + chunk], ranges) for r0 in range(0, weights.shape[0], chunk)]
+    return {name: torch.cat([part[name] for part in parts]) for name in MAGNITUDES}
+
+
+def _magnitudes(sums: LayerSums, weights: torch.Tensor, ranges: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:
+    terms = _RowTerms.of(sums, weights)
     out = {}
     for name, (lo, hi) in ranges.items():
-        cells = CellRange.of(layout, lo, hi)
-        out[f"mask_{name}"] = cells.mean(cells.centred(parts.m_cell).square_()).sqrt()
-        out[f"resid_{name}_raw"] = cells.mean(cells.centred(parts.r).square_()).sqrt()
-        corrected = cells.mean(cells.centred(parts.r_a).mul_(cells.centred(parts.r_b)))
-        out[f"resid_{name}"] = corrected.clamp(min=0).sqrt()  # clamp keeps NaN (an empty half)
+        segments = sums.segments(lo, hi)
+        out |= terms.range_magnitudes(name, slice(lo, hi), sums.columns[segments].sum(0), sums.gram[segments].sum(0))
     return {name: out[name] for name in MAGNITUDES}
 
 
-@dataclass(frozen=True)
-class CellRange:
-    """Pair-weighted means over the cells of a query range. A narrow range is copied out of the per-cell
-    arrays; a wide one is weighted in place (weight 0 outside), which passes over memory fewer times."""
+@dataclass
+class _RowTerms:
+    """Per resample (R), head and query: what the sums over a range's cells need besides its column sums
+    and Gram matrix (module docstring). Groups X: "all", "a", "b"."""
 
-    inside: torch.Tensor
-    narrow: bool
-    weight: torch.Tensor  # sums to 1 (NaN for an empty range)
+    groups: dict[str, torch.Tensor]  # X → (R, N) weights of X's sequences
+    size: dict[str, torch.Tensor]  # X → (R, 1, 1) total weight; 0 for an empty half
+    g: torch.Tensor  # (R, H, W)
+    m: torch.Tensor  # (R, H, T)
+    valid: torch.Tensor  # (T,) n_i
+    prefix: torch.Tensor  # (R, H, T) P(i)
+    prefix_sq: torch.Tensor  # (R, H, T) P₂(i)
+    row_mean: dict[str, torch.Tensor]  # X → (R, H, T) R̄_X
+    shift: dict[str, torch.Tensor]  # X → (R, H, T) c_X
 
     @staticmethod
-    def of(layout: CellLayout, lo: int, hi: int) -> CellRange:
-        inside = layout.inside(lo, hi)
-        narrow = 2 * int(inside.sum()) < inside.numel()
-        weight = layout.count[inside] if narrow else layout.count * inside
-        return CellRange(inside, narrow, weight / weight.sum())
+    def of(sums: LayerSums, weights: torch.Tensor) -> _RowTerms:
+        half = halves(sums.num_seqs)
+        groups = {"all": weights, "a": weights * (half == 0), "b": weights * (half == 1)}
+        size = {x: w.sum(1)[:, None, None] for x, w in groups.items()}
+        g = relative_part(sums, weights)
+        m = mask_component(g, sums)
+        reach = sums.max_offset
+        terms = _RowTerms(
+            groups=groups,
+            size=size,
+            g=g,
+            m=m,
+            valid=(reach + 1).double(),
+            prefix=torch.cumsum(g, -1)[..., reach],
+            prefix_sq=torch.cumsum(g.square(), -1)[..., reach],
+            row_mean={},
+            shift={},
+        )
+        for x in groups:
+            terms.row_mean[x] = terms.mean_over(x, sums.rows)
+            terms.shift[x] = terms.mean_over(x, sums.log_z) + m
+        return terms
 
-    def mean(self, values: torch.Tensor) -> torch.Tensor:
-        """(..., C or C_inside) → (...)."""
-        return values @ self.weight
+    def mean_over(self, x: str, per_seq: torch.Tensor) -> torch.Tensor:
+        """Weighted mean over group X of a per-sequence quantity: (N, H, ·) → (R, H, ·)."""
+        return torch.einsum("rn,nht->rht", self.groups[x], per_seq) / self.size[x]
 
-    @property
-    def on_all_cells(self) -> torch.Tensor:
-        """The weights on every cell of the layout, 0 outside the range, (C,)."""
-        if not self.narrow:
-            return self.weight
-        return torch.zeros(self.inside.shape, dtype=torch.float64).masked_scatter_(self.inside, self.weight)
+    def range_magnitudes(
+        self, name: str, span: slice, columns: torch.Tensor, gram: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """The magnitudes of the range `span` of queries, given its column sums (N, H, W) and Gram (H, N, N)."""
+        valid = self.valid[span]
+        n = valid.sum()
+        with_g = {x: (self.mean_over(x, columns) * self.g).sum(-1) for x in self.groups}  # Σ_d g(d) C_X(d)
 
-    def centred(self, values: torch.Tensor) -> torch.Tensor:
-        values = values[..., self.inside] if self.narrow else values
-        return values - self.mean(values)[..., None]
+        def total(x: str) -> torch.Tensor:  # Σ over the cells of r_X
+            return (self.row_mean[x] - self.prefix - self.valid * self.shift[x])[..., span].sum(-1)
+
+        def product(x: str, y: str) -> torch.Tensor:  # Σ over the cells of r_X r_Y
+            squares = torch.einsum("rn,hnk,rk->rh", self.groups[x], gram, self.groups[y])
+            squares = squares / (self.size[x] * self.size[y])[..., 0]
+            cx, cy = self.shift[x], self.shift[y]
+            per_row = (
+                -cy * self.row_mean[x]
+                - cx * self.row_mean[y]
+                + self.prefix_sq
+                + (cx + cy) * self.prefix
+                + self.valid * cx * cy
+            )
+            return squares - with_g[x] - with_g[y] + per_row[..., span].sum(-1)
+
+        m = self.m[..., span]
+        mask = (valid * m * m).sum(-1) / n - ((valid * m).sum(-1) / n) ** 2
+        raw = product("all", "all") / n - (total("all") / n) ** 2
+        corrected = product("a", "b") / n - total("a") * total("b") / n**2
+        return {
+            f"mask_{name}": mask.clamp(min=0).sqrt(),
+            f"resid_{name}_raw": raw.clamp(min=0).sqrt(),
+            f"resid_{name}": corrected.clamp(min=0).sqrt(),  # clamp keeps NaN (an empty half)
+        }
 
 
 @dataclass
 class LayerProfile:
-    """One layer's point estimates on the cells of `layout` (H heads, C cells): the measurement grid's,
-    or a coarser grid's for tables (then each cell value is the count-weighted mean over the finer cells)."""
+    """One layer's point estimates: g per offset, m per query, and on the cells of `layout` (the table
+    grid) the means over each cell's valid pairs of g, m and r, and the offset-normalised map."""
 
     layer: int
     layout: CellLayout
-    g: torch.Tensor  # (H, bins of the measurement grid): g per offset bin (NaN for bins beyond the window)
-    m: torch.Tensor  # (H, T): m(i) per query
-    g_cell: torch.Tensor  # (H, C): mean of g over each cell's pairs
-    m_cell: torch.Tensor  # (H, C): mean of m over each cell's pairs
+    g: torch.Tensor  # (H, W)
+    m: torch.Tensor  # (H, T)
+    g_cell: torch.Tensor  # (H, C)
+    m_cell: torch.Tensor  # (H, C)
     r: torch.Tensor  # (H, C)
-    offset_map: torch.Tensor  # (C,): mean over n and heads of s_ij − g(i − j), §3.2
+    offset_map: torch.Tensor  # (C,): mean over n and heads of s_ij − g(i − j)
 
-    def on(self, grid: Grid | None) -> LayerProfile:
-        """The profile on `grid`'s cells (itself when `grid` is None or its own)."""
-        if grid is None or grid == self.layout.grid:
-            return self
-        coarse = grid.layout(self.layout.mask)
-        values = {name: rebin(getattr(self, name), self.layout, coarse) for name in ("g_cell", "m_cell", "r")}
-        return replace(self, layout=coarse, offset_map=rebin(self.offset_map, self.layout, coarse), **values)
+    def state(self) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, name) for name in ("g", "m", "g_cell", "m_cell", "r", "offset_map")}
 
 
-def rebin(values: torch.Tensor, fine: CellLayout, coarse: CellLayout) -> torch.Tensor:
-    """Per-cell values (..., C) of `fine` as count-weighted means over the cells of `coarse`.
-
-    Exact only when every fine cell lies inside one coarse cell (always so from the exact grid)."""
-    bins = coarse.grid.num_bins
-    position_bin = coarse.grid.bin_of_position
-    lookup = torch.full((bins * bins,), -1, dtype=torch.long)
-    lookup[coarse.q_bin * bins + coarse.d_bin] = torch.arange(coarse.num_cells)
-    target = lookup[position_bin[fine.q_lo] * bins + position_bin[fine.d_lo]]
-    weight = fine.count.to(values.dtype)
-    sums = torch.zeros(*values.shape[:-1], coarse.num_cells, dtype=values.dtype)
-    totals = torch.zeros(coarse.num_cells, dtype=values.dtype).index_add_(0, target, weight)
-    return sums.index_add_(-1, target, values * weight) / totals
+def profile(sums: LayerSums) -> LayerProfile:
+    """The point estimate of g, m and r on the table grid's cells (means over each cell's valid pairs)."""
+    ones = torch.ones(1, sums.num_seqs, dtype=torch.float64)
+    g = relative_part(sums, ones)[0]
+    m = mask_component(g, sums)
+    layout = sums.table_grid.layout(sums.mask)
+    mean_s = layout.cells_of(sums.table) / (sums.num_seqs * layout.count)
+    g_cell = layout.offset_means(g)
+    m_cell = layout.query_means(m)
+    shift_cell = layout.query_means(sums.log_z.mean(0) + m)
+    return LayerProfile(
+        layer=sums.layer,
+        layout=layout,
+        g=g,
+        m=m,
+        g_cell=g_cell,
+        m_cell=m_cell,
+        r=mean_s - g_cell - shift_cell,
+        offset_map=(mean_s - g_cell).mean(0),
+    )

@@ -1,0 +1,195 @@
+"""The sums of layer_sums.py without forming the T × T logits: s_ij = q_i·k_j is bilinear in q and k.
+
+Every function takes the scaled queries grouped by KV head, (N, KV, G, T, D), and the keys, (N, KV, T, D),
+in float64 (exact products of the model's float32 q and k), and returns float64 sums over the valid pairs
+of a causal mask with an optional window W. Soft-capped logits are not bilinear: layer_sums.py
+materialises those.
+
+- Row sums Σ_j s_ij (and Σ_j j·s_ij) are q_i against differences of prefix sums of k (and of j·k).
+- Column sums Σ_{i∈S} s_{i,i−d} over a segment S of queries are cross-correlations of q (rows outside S
+  zeroed) with k, by FFT in O(T log T); short segments are summed directly.
+- Gram matrices Σ_{i∈S} Σ_j s^n_ij s^{n'}_ij: with positions cut into blocks of b, a query block α and a key
+  block β all of whose pairs are valid contribute ⟨Σ_{i∈α} Q_i Q_iᵀ, Σ_{j∈β} K_j K_jᵀ⟩ per pair of sequences,
+  where Q_i stacks q_i of the N sequences (N·D) and K_j their k_j; key blocks are summed by a running prefix,
+  so the cost is O(T·(N·D)²). Only the diagonal block and, under a window, the blocks at its edge mix valid
+  and invalid pairs; their logits are formed block by block.
+- Table cells: offsets below the grid's linear part are single logits (a narrow band of offset-ordered
+  blocks); a far bin's sum is q_i against a difference of prefix sums of k.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from posleak.measure.grid import Grid
+from posleak.measure.offset_blocks import offset_block, reverse_keys
+
+# Float64 elements of the queries swept repeatedly in one pass (a few MB: they stay in the cache).
+_CACHE_ELEMENTS = 1 << 19
+
+
+def prefix_sums(values: torch.Tensor) -> torch.Tensor:
+    """Along positions (dim −2), with a leading 0: (..., T, D) → (..., T + 1, D)."""
+    return F.pad(values.cumsum(-2), (0, 0, 1, 0))
+
+
+def _over_valid_keys(prefix: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Σ over query i's valid keys j ∈ [max(0, i − W + 1), i] of what `prefix` sums: X[i + 1] − X[first_i]."""
+    seq_len = prefix.shape[-2] - 1
+    lag = seq_len if window is None else min(window, seq_len)
+    return prefix[..., 1:, :] - F.pad(prefix[..., : seq_len - lag + 1, :], (0, 0, lag - 1, 0))
+
+
+def row_sums(query: torch.Tensor, keys: torch.Tensor, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Σ_j s_ij per sequence, head and query (N, H, T), and Σ_n Σ_d d·s_{i,i−d} per head and query (H, T)."""
+    num_seqs, kv, groups, seq_len, _ = query.shape
+    position = torch.arange(seq_len, dtype=torch.float64)
+    over_keys, over_positions = (
+        _over_valid_keys(prefix_sums(x), window)[:, :, None] for x in (keys, keys * position[:, None])
+    )
+    rows = (query * over_keys).sum(-1).view(num_seqs, kv * groups, seq_len)
+    weighted = (query * over_positions).sum(-1).view(num_seqs, kv * groups, seq_len)  # Σ_j j·s_ij
+    return rows, (position * rows - weighted).sum(0)
+
+
+def column_sums(query: torch.Tensor, keys: torch.Tensor, boundaries: tuple[int, ...], span: int) -> torch.Tensor:
+    """Σ_{i∈S} s_{i,i−d} for each segment S = [boundaries[s], boundaries[s + 1]) and offset d < span:
+    (S, N, H, span). The largest segment is the total minus the others; the total is a cross-correlation
+    by FFT (zero-padded to 2T: no wrap-around), the other segments direct sums when that is cheaper."""
+    num_seqs, kv, groups, seq_len, _ = query.shape
+    segments = len(boundaries) - 1
+    out = torch.zeros(segments, num_seqs, kv * groups, span, dtype=torch.float64)
+    sizes = [boundaries[s + 1] - boundaries[s] for s in range(segments)]
+    largest = max(range(segments), key=sizes.__getitem__)
+    length = 2 * seq_len
+    fft_cost = length * math.ceil(math.log2(length))
+    for s in range(segments):
+        lo, hi = boundaries[s], boundaries[s + 1]
+        if s == largest:
+            continue
+        if (hi - lo) * min(hi, span) <= 4 * fft_cost:
+            out[s] = _direct_columns(query, keys, lo, hi, span)
+        else:
+            out[s] = _fft_columns(query, keys, lo, hi, span)
+    out[largest] = _fft_columns(query, keys, 0, seq_len, span) - out.sum(0)
+    return out
+
+
+def _direct_columns(query: torch.Tensor, keys: torch.Tensor, lo: int, hi: int, span: int) -> torch.Tensor:
+    """Σ_{lo ≤ i < hi} s_{i,i−d}, (N, H, span), from the logits of those queries."""
+    num_seqs, kv, groups, _, _ = query.shape
+    logits = query[..., lo:hi, :] @ keys[:, :, None, :hi].mT  # (N, KV, G, hi − lo, hi): s_ij
+    out = torch.zeros(num_seqs, kv, groups, span, dtype=torch.float64)
+    for i in range(lo, hi):
+        d = min(i + 1, span)  # offsets 0..d−1 reach keys i..i−d+1
+        out[..., :d] += logits[..., i - lo, i - d + 1 : i + 1].flip(-1)
+    return out.view(num_seqs, kv * groups, span)
+
+
+def _fft_columns(query: torch.Tensor, keys: torch.Tensor, lo: int, hi: int, span: int) -> torch.Tensor:
+    """Σ_{lo ≤ i < hi} q_i·k_{i−d} for d < span as one cross-correlation per head, (N, H, span)."""
+    num_seqs, kv, groups, seq_len, dim = query.shape
+    length = 2 * seq_len
+    keys_f = torch.fft.rfft(keys, n=length, dim=-2).conj()  # (N, KV, L/2 + 1, D)
+    out = torch.empty(num_seqs, kv, groups, span, dtype=torch.float64)
+    for g in range(groups):  # one query head per KV head at a time bounds the complex buffers
+        rows = F.pad(query[:, :, g, lo:hi], (0, 0, lo, seq_len - hi))
+        spectrum = (torch.fft.rfft(rows, n=length, dim=-2) * keys_f).sum(-1)
+        out[:, :, g] = torch.fft.irfft(spectrum, n=length, dim=-1)[..., :span]
+    return out.view(num_seqs, kv * groups, span)
+
+
+def gram(query: torch.Tensor, keys: torch.Tensor, window: int | None, boundaries: tuple[int, ...]) -> torch.Tensor:
+    """Σ_{i∈S} Σ_j s^n_ij s^{n'}_ij per segment S and head, (S, H, N, N), in O(T·(N·D)²) (module docstring)."""
+    num_seqs, kv, groups, seq_len, dim = query.shape
+    block = max(32, dim)
+    blocks = -(-seq_len // block)
+    padded = blocks * block
+    width = num_seqs * dim
+    # Q_i and K_j stacked over sequences: (KV, G, blocks, b, N·D) and (KV, blocks, b, N·D)
+    stacked_q = F.pad(query, (0, 0, 0, padded - seq_len)).permute(1, 2, 3, 0, 4)
+    stacked_q = stacked_q.reshape(kv, groups, blocks, block, width)
+    stacked_k = F.pad(keys, (0, 0, 0, padded - seq_len)).permute(1, 2, 0, 3).reshape(kv, blocks, block, width)
+    whole = blocks if window is None else window // block  # key blocks α − whole + 1 .. α − 1 are all valid
+    segments = len(boundaries) - 1
+    out = torch.zeros(segments, kv, groups, num_seqs, num_seqs, dtype=torch.float64)
+
+    # the fully valid key blocks β ∈ [full_lo(α), α), through prefix sums of the key Grams kept while needed
+    prefixes = {0: torch.zeros(kv, width, width, dtype=torch.float64)}  # β → Σ_{β' < β} K-Gram
+    for alpha in range(blocks):
+        full_lo = min(max(alpha + 1 - whole, 0), alpha)
+        if full_lo < alpha:
+            keys_gram = (prefixes[alpha] - prefixes[full_lo]).view(kv, num_seqs, dim, num_seqs, dim)
+            rows = stacked_q[:, :, alpha]  # (KV, G, b, N·D)
+            for s in range(segments):
+                lo = max(boundaries[s] - alpha * block, 0)
+                hi = min(boundaries[s + 1] - alpha * block, block)
+                if lo < hi:
+                    part = rows[:, :, lo:hi]
+                    query_gram = (part.mT @ part).view(kv, groups, num_seqs, dim, num_seqs, dim)
+                    out[s] += torch.einsum("kgndme,kndme->kgnm", query_gram, keys_gram)
+        key_block = stacked_k[:, alpha]
+        prefixes[alpha + 1] = prefixes[alpha] + key_block.mT @ key_block
+        needed = {alpha + 1, min(max(alpha + 2 - whole, 0), alpha + 1)}  # what block α + 1 reads
+        for old in [b for b in prefixes if b not in needed]:
+            del prefixes[old]
+
+    # the blocks that mix valid and invalid pairs: logits per row, products per pair of sequences
+    near = [0] if window is None else [0, *range(max(whole, 1), (window + block - 2) // block + 1)]
+    q_blocks = F.pad(query, (0, 0, 0, padded - seq_len)).view(num_seqs, kv, groups, blocks, block, dim)
+    k_blocks = F.pad(keys, (0, 0, 0, padded - seq_len)).view(num_seqs, kv, blocks, block, dim)
+    positions = torch.arange(padded).view(blocks, block)
+    alpha = torch.arange(blocks)
+    per_row = torch.zeros(kv, groups, blocks, block, num_seqs, num_seqs, dtype=torch.float64)
+    for delta in near:
+        beta = alpha - delta
+        i, j = positions[:, :, None], positions[beta.clamp(min=0)][:, None, :]
+        valid = (beta >= 0)[:, None, None] & (j <= i)
+        if window is not None:
+            valid &= i - j < window
+        logits = q_blocks @ k_blocks[:, :, beta.clamp(min=0)].unsqueeze(2).mT * valid  # (N, KV, G, A, b, b)
+        for n in range(num_seqs):
+            for m in range(n + 1):
+                per_pair = (logits[n] * logits[m]).sum(-1)  # (KV, G, A, b)
+                per_row[..., n, m] += per_pair
+                if m != n:
+                    per_row[..., m, n] += per_pair
+    per_row = per_row.view(kv, groups, padded, num_seqs, num_seqs)
+    for s in range(segments):
+        out[s] += per_row[:, :, boundaries[s] : boundaries[s + 1]].sum(2)
+    return out.view(segments, kv * groups, num_seqs, num_seqs)
+
+
+def table_sums(query: torch.Tensor, keys: torch.Tensor, window: int | None, grid: Grid) -> torch.Tensor:
+    """Σ over sequences and each cell's valid pairs of s, (H, bins, bins) indexed (query bin, offset bin)."""
+    num_seqs, kv, groups, seq_len, dim = query.shape
+    heads, bins = kv * groups, grid.num_bins
+    span = min(seq_len, window or seq_len)
+    near = min(grid.linear_bins, span)
+    query_bin = grid.bin_of_position
+    dense = torch.zeros(heads, bins, bins, dtype=torch.float64)
+    reversed_keys = reverse_keys(keys, span)
+    block = max(1, min(128, (1 << 21) // (num_seqs * heads * max(near, 1))))
+    for q0 in range(0, seq_len, block):
+        q1 = min(seq_len, q0 + block)
+        logits = offset_block(query, reversed_keys, q0, q1, near, None).sum(0)  # (H, rows, offsets < near)
+        dense[..., : logits.shape[-1]].index_add_(1, query_bin[q0:q1], logits)
+    if near >= span:
+        return dense  # no far offsets
+    # far bins: with K[p] = Σ_{j<p} k_j, the sum over a far bin's valid offsets is q_i·K[p(i, first)] −
+    # q_i·K[p(i, first of the next bin)] where p(i, e) = max(0, i − min(e, W) + 1) clips to query i's first
+    # valid key; for each edge e that is q_i against K shifted by min(e, W) − 1 positions (K[0] = 0 below)
+    far_edges = torch.tensor(grid.edges[near:])
+    shifts = torch.clamp(far_edges, max=span) - 1
+    prefix = prefix_sums(keys)  # (N, KV, T + 1, D); K[0] = 0, so clamped indices below add nothing
+    chunk = max(1, _CACHE_ELEMENTS // (kv * len(far_edges) * dim))
+    for c0 in range(0, seq_len, chunk):
+        c1 = min(seq_len, c0 + chunk)
+        index = torch.clamp(torch.arange(c0, c1)[:, None] - shifts[None, :], min=0)  # (rows, E)
+        at_edges = torch.einsum("nkgrd,nkred->kgre", query[:, :, :, c0:c1], prefix[:, :, index])
+        far = (at_edges[..., :-1] - at_edges[..., 1:]).reshape(heads, c1 - c0, len(far_edges) - 1)
+        dense[..., near : near + far.shape[-1]].index_add_(1, query_bin[c0:c1], far)
+    return dense
