@@ -165,8 +165,13 @@ def analyze_model(
             batch.seq_len, batch.num_seqs, table_grid, early=config.early, resamples=config.bootstrap, seed=config.seed
         )
         measured = Decomposition.of(_measure(captures, spec, run, model_id, progress), spec)
+        measure_s = time.perf_counter() - started - forward_s
     result = _tables(measured, states, closed)
-    timings = {"forward_s": round(forward_s, 3), "total_s": round(time.perf_counter() - started, 3)}
+    timings = {
+        "forward_s": round(forward_s, 3),
+        "measure_s": round(measure_s, 3),
+        "total_s": round(time.perf_counter() - started, 3),
+    }
     manifest = _manifest(model_id, loaded, batch, config, tokenizer, measured, closed, sink_heads, timings)
     result.manifest = manifest
     if run is not None:

@@ -135,7 +135,8 @@ def test_bilinear_sums_against_materialised_logits(
     torch.testing.assert_close(rows, logits.sum(-1), rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(offset_weighted, (logits * (i - j)).sum((0, -1)), rtol=1e-10, atol=1e-9)
     columns = bilinear.column_sums(query, keys, boundaries, span)
-    gram = bilinear.gram(query, keys, window, boundaries)
+    stacked = bilinear.stack(query, keys)
+    gram = bilinear.gram(query, keys, stacked, window, boundaries)
     for s, (lo, hi) in enumerate(itertools.pairwise(boundaries)):
         by_offset = torch.stack(
             [torch.diagonal(logits[..., lo:hi, :], offset=lo - d, dim1=-2, dim2=-1).sum(-1) for d in range(span)],
@@ -145,7 +146,7 @@ def test_bilinear_sums_against_materialised_logits(
         flat = logits[:, :, lo:hi].transpose(0, 1).flatten(2)
         torch.testing.assert_close(gram[s], flat @ flat.mT, rtol=1e-10, atol=1e-9)
     grid = Grid(seq_len, linear_until=8, bins_per_octave=2)
-    table = bilinear.table_sums(query, keys, window, grid)
+    table = bilinear.table_sums(query, keys, stacked, window, grid)
     expected = torch.zeros_like(table)
     bins = grid.bin_of_position
     for a in range(seq_len):

@@ -159,7 +159,10 @@ class CaptureFolder:
         for path in self.batches():
             with safe_open(str(path), framework="pt") as file:
                 stored = json.loads(file.metadata()["facts"])[str(layer)]
-                facts = CallFacts(**{**stored, "sink": None if stored["sink"] is None else tuple(stored["sink"])})
+                batch_facts = CallFacts(**{**stored, "sink": None if stored["sink"] is None else tuple(stored["sink"])})
+                if facts is not None and batch_facts != facts:
+                    raise ValueError(f"layer {layer} computed differently in {path.name}: {batch_facts} vs {facts}")
+                facts = batch_facts
                 for name in ("query", "keys", "log_z"):
                     parts[name].append(file.get_tensor(f"{layer}.{name}"))
                 parts["index"].append(file.get_tensor("sequence_index"))

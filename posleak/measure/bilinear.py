@@ -27,9 +27,6 @@ import torch.nn.functional as F
 from posleak.measure.grid import Grid
 from posleak.measure.offset_blocks import offset_block, reverse_keys
 
-# Float64 elements of the queries swept repeatedly in one pass (a few MB: they stay in the cache).
-_CACHE_ELEMENTS = 1 << 19
-
 
 def prefix_sums(values: torch.Tensor) -> torch.Tensor:
     """Along positions (dim −2), with a leading 0: (..., T, D) → (..., T + 1, D)."""
@@ -47,11 +44,12 @@ def row_sums(query: torch.Tensor, keys: torch.Tensor, window: int | None) -> tup
     """Σ_j s_ij per sequence, head and query (N, H, T), and Σ_n Σ_d d·s_{i,i−d} per head and query (H, T)."""
     num_seqs, kv, groups, seq_len, _ = query.shape
     position = torch.arange(seq_len, dtype=torch.float64)
-    over_keys, over_positions = (
-        _over_valid_keys(prefix_sums(x), window)[:, :, None] for x in (keys, keys * position[:, None])
-    )
-    rows = (query * over_keys).sum(-1).view(num_seqs, kv * groups, seq_len)
-    weighted = (query * over_positions).sum(-1).view(num_seqs, kv * groups, seq_len)  # Σ_j j·s_ij
+    # Σ over each query's valid keys of k and of j·k, side by side: one product with q gives both sums
+    both = torch.stack([keys, keys * position[:, None]], dim=-1)  # (N, KV, T, D, 2)
+    over = _over_valid_keys(prefix_sums(both.flatten(-2)), window).view(both.shape)
+    sums = (query.unsqueeze(-2) @ over.unsqueeze(2)).squeeze(-2)  # (N, KV, G, T, 2)
+    rows = sums[..., 0].reshape(num_seqs, kv * groups, seq_len)
+    weighted = sums[..., 1].reshape(num_seqs, kv * groups, seq_len)  # Σ_j j·s_ij
     return rows, (position * rows - weighted).sum(0)
 
 
@@ -90,29 +88,44 @@ def _direct_columns(query: torch.Tensor, keys: torch.Tensor, lo: int, hi: int, s
 
 
 def _fft_columns(query: torch.Tensor, keys: torch.Tensor, lo: int, hi: int, span: int) -> torch.Tensor:
-    """Σ_{lo ≤ i < hi} q_i·k_{i−d} for d < span as one cross-correlation per head, (N, H, span)."""
-    num_seqs, kv, groups, seq_len, dim = query.shape
+    """Σ_{lo ≤ i < hi} q_i·k_{i−d} for d < span as one cross-correlation per head, (N, H, span); positions
+    last, where the transforms run fastest."""
+    num_seqs, kv, groups, seq_len, _ = query.shape
     length = 2 * seq_len
-    keys_f = torch.fft.rfft(keys, n=length, dim=-2).conj()  # (N, KV, L/2 + 1, D)
+    keys_f = torch.fft.rfft(keys.transpose(-1, -2), n=length).conj()  # (N, KV, D, L/2 + 1)
     out = torch.empty(num_seqs, kv, groups, span, dtype=torch.float64)
     for g in range(groups):  # one query head per KV head at a time bounds the complex buffers
-        rows = F.pad(query[:, :, g, lo:hi], (0, 0, lo, seq_len - hi))
-        spectrum = (torch.fft.rfft(rows, n=length, dim=-2) * keys_f).sum(-1)
-        out[:, :, g] = torch.fft.irfft(spectrum, n=length, dim=-1)[..., :span]
+        rows = F.pad(query[:, :, g, lo:hi].transpose(-1, -2), (lo, seq_len - hi))  # (N, KV, D, T)
+        spectrum = (torch.fft.rfft(rows, n=length) * keys_f).sum(-2)
+        out[:, :, g] = torch.fft.irfft(spectrum, n=length)[..., :span]
     return out.view(num_seqs, kv * groups, span)
 
 
-def gram(query: torch.Tensor, keys: torch.Tensor, window: int | None, boundaries: tuple[int, ...]) -> torch.Tensor:
-    """Σ_{i∈S} Σ_j s^n_ij s^{n'}_ij per segment S and head, (S, H, N, N), in O(T·(N·D)²) (module docstring)."""
+def stack(query: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k of the N sequences side by side: (KV, G, T, N·D) and (KV, T, N·D), so that one product of
+    Q_i = [q¹_i … qᴺ_i] with K_j = [k¹_j … kᴺ_j] serves every pair of sequences, or sums over them."""
+    num_seqs, kv, groups, seq_len, dim = query.shape
+    stacked_q = query.permute(1, 2, 3, 0, 4).reshape(kv, groups, seq_len, num_seqs * dim)
+    stacked_k = keys.permute(1, 2, 0, 3).reshape(kv, seq_len, num_seqs * dim)
+    return stacked_q, stacked_k
+
+
+def gram(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    stacked: tuple[torch.Tensor, torch.Tensor],
+    window: int | None,
+    boundaries: tuple[int, ...],
+) -> torch.Tensor:
+    """Σ_{i∈S} Σ_j s^n_ij s^{n'}_ij per segment S and head, (S, H, N, N), in O(T·(N·D)²) (module docstring);
+    `stacked` is `stack(query, keys)`."""
     num_seqs, kv, groups, seq_len, dim = query.shape
     block = max(32, dim)
     blocks = -(-seq_len // block)
     padded = blocks * block
     width = num_seqs * dim
-    # Q_i and K_j stacked over sequences: (KV, G, blocks, b, N·D) and (KV, blocks, b, N·D)
-    stacked_q = F.pad(query, (0, 0, 0, padded - seq_len)).permute(1, 2, 3, 0, 4)
-    stacked_q = stacked_q.reshape(kv, groups, blocks, block, width)
-    stacked_k = F.pad(keys, (0, 0, 0, padded - seq_len)).permute(1, 2, 0, 3).reshape(kv, blocks, block, width)
+    stacked_q = F.pad(stacked[0], (0, 0, 0, padded - seq_len)).view(kv, groups, blocks, block, width)
+    stacked_k = F.pad(stacked[1], (0, 0, 0, padded - seq_len)).view(kv, blocks, block, width)
     whole = blocks if window is None else window // block  # key blocks α − whole + 1 .. α − 1 are all valid
     segments = len(boundaries) - 1
     out = torch.zeros(segments, kv, groups, num_seqs, num_seqs, dtype=torch.float64)
@@ -122,7 +135,7 @@ def gram(query: torch.Tensor, keys: torch.Tensor, window: int | None, boundaries
     for alpha in range(blocks):
         full_lo = min(max(alpha + 1 - whole, 0), alpha)
         if full_lo < alpha:
-            keys_gram = (prefixes[alpha] - prefixes[full_lo]).view(kv, num_seqs, dim, num_seqs, dim)
+            keys_gram = (prefixes[alpha] - prefixes[full_lo]).view(kv, 1, num_seqs, dim, num_seqs, dim)
             rows = stacked_q[:, :, alpha]  # (KV, G, b, N·D)
             for s in range(segments):
                 lo = max(boundaries[s] - alpha * block, 0)
@@ -130,7 +143,7 @@ def gram(query: torch.Tensor, keys: torch.Tensor, window: int | None, boundaries
                 if lo < hi:
                     part = rows[:, :, lo:hi]
                     query_gram = (part.mT @ part).view(kv, groups, num_seqs, dim, num_seqs, dim)
-                    out[s] += torch.einsum("kgndme,kndme->kgnm", query_gram, keys_gram)
+                    out[s] += (query_gram * keys_gram).sum(dim=(3, 5))
         key_block = stacked_k[:, alpha]
         prefixes[alpha + 1] = prefixes[alpha] + key_block.mT @ key_block
         needed = {alpha + 1, min(max(alpha + 2 - whole, 0), alpha + 1)}  # what block α + 1 reads
@@ -139,57 +152,57 @@ def gram(query: torch.Tensor, keys: torch.Tensor, window: int | None, boundaries
 
     # the blocks that mix valid and invalid pairs: logits per row, products per pair of sequences
     near = [0] if window is None else [0, *range(max(whole, 1), (window + block - 2) // block + 1)]
+    # the G query heads of a KV head as one matrix per block: (N, KV, A, G·b, D) against keys (N, KV, A, b, D)
     q_blocks = F.pad(query, (0, 0, 0, padded - seq_len)).view(num_seqs, kv, groups, blocks, block, dim)
+    q_blocks = q_blocks.transpose(2, 3).reshape(num_seqs, kv, blocks, groups * block, dim)
     k_blocks = F.pad(keys, (0, 0, 0, padded - seq_len)).view(num_seqs, kv, blocks, block, dim)
     positions = torch.arange(padded).view(blocks, block)
     alpha = torch.arange(blocks)
-    per_row = torch.zeros(kv, groups, blocks, block, num_seqs, num_seqs, dtype=torch.float64)
+    per_row = torch.zeros(kv, blocks, groups, block, num_seqs, num_seqs, dtype=torch.float64)
     for delta in near:
         beta = alpha - delta
         i, j = positions[:, :, None], positions[beta.clamp(min=0)][:, None, :]
         valid = (beta >= 0)[:, None, None] & (j <= i)
         if window is not None:
             valid &= i - j < window
-        logits = q_blocks @ k_blocks[:, :, beta.clamp(min=0)].unsqueeze(2).mT * valid  # (N, KV, G, A, b, b)
-        for n in range(num_seqs):
-            for m in range(n + 1):
-                per_pair = (logits[n] * logits[m]).sum(-1)  # (KV, G, A, b)
-                per_row[..., n, m] += per_pair
-                if m != n:
-                    per_row[..., m, n] += per_pair
-    per_row = per_row.view(kv, groups, padded, num_seqs, num_seqs)
+        logits = (q_blocks @ k_blocks[:, :, beta.clamp(min=0)].mT).view(num_seqs, kv, blocks, groups, block, block)
+        logits = logits * valid[:, None]
+        per_row += torch.einsum("nkagrc,mkagrc->kagrnm", logits, logits)
+    per_row = per_row.transpose(1, 2).reshape(kv, groups, padded, num_seqs, num_seqs)
     for s in range(segments):
         out[s] += per_row[:, :, boundaries[s] : boundaries[s + 1]].sum(2)
     return out.view(segments, kv * groups, num_seqs, num_seqs)
 
 
-def table_sums(query: torch.Tensor, keys: torch.Tensor, window: int | None, grid: Grid) -> torch.Tensor:
-    """Σ over sequences and each cell's valid pairs of s, (H, bins, bins) indexed (query bin, offset bin)."""
-    num_seqs, kv, groups, seq_len, dim = query.shape
+def table_sums(
+    query: torch.Tensor, keys: torch.Tensor, stacked: tuple[torch.Tensor, torch.Tensor], window: int | None, grid: Grid
+) -> torch.Tensor:
+    """Σ over sequences and each cell's valid pairs of s, (H, bins, bins) indexed (query bin, offset bin);
+    `stacked` is `stack(query, keys)`."""
+    _, kv, groups, seq_len, _ = query.shape
     heads, bins = kv * groups, grid.num_bins
     span = min(seq_len, window or seq_len)
     near = min(grid.linear_bins, span)
     query_bin = grid.bin_of_position
     dense = torch.zeros(heads, bins, bins, dtype=torch.float64)
     reversed_keys = reverse_keys(keys, span)
-    block = max(1, min(128, (1 << 21) // (num_seqs * heads * max(near, 1))))
-    for q0 in range(0, seq_len, block):
-        q1 = min(seq_len, q0 + block)
+    for q0 in range(0, seq_len, near):  # blocks of `near` rows: half of each product is used
+        q1 = min(seq_len, q0 + near)
         logits = offset_block(query, reversed_keys, q0, q1, near, None).sum(0)  # (H, rows, offsets < near)
         dense[..., : logits.shape[-1]].index_add_(1, query_bin[q0:q1], logits)
     if near >= span:
         return dense  # no far offsets
     # far bins: with K[p] = Σ_{j<p} k_j, the sum over a far bin's valid offsets is q_i·K[p(i, first)] −
     # q_i·K[p(i, first of the next bin)] where p(i, e) = max(0, i − min(e, W) + 1) clips to query i's first
-    # valid key; for each edge e that is q_i against K shifted by min(e, W) − 1 positions (K[0] = 0 below)
-    far_edges = torch.tensor(grid.edges[near:])
-    shifts = torch.clamp(far_edges, max=span) - 1
-    prefix = prefix_sums(keys)  # (N, KV, T + 1, D); K[0] = 0, so clamped indices below add nothing
-    chunk = max(1, _CACHE_ELEMENTS // (kv * len(far_edges) * dim))
+    # valid key; for each edge e that is q_i against K shifted by min(e, W) − 1 positions (K[0] = 0, so
+    # clamping below 0 adds nothing). The sequences are summed inside the product, over the stacked N·D.
+    shifts = torch.clamp(torch.tensor(grid.edges[near:]), max=span) - 1
+    stacked_q, stacked_prefix = stacked[0], prefix_sums(stacked[1])  # (KV, G, T, N·D), (KV, T + 1, N·D)
+    chunk = 32  # rows whose gathered prefixes stay in cache
     for c0 in range(0, seq_len, chunk):
         c1 = min(seq_len, c0 + chunk)
         index = torch.clamp(torch.arange(c0, c1)[:, None] - shifts[None, :], min=0)  # (rows, E)
-        at_edges = torch.einsum("nkgrd,nkred->kgre", query[:, :, :, c0:c1], prefix[:, :, index])
-        far = (at_edges[..., :-1] - at_edges[..., 1:]).reshape(heads, c1 - c0, len(far_edges) - 1)
+        at_edges = stacked_q[:, :, c0:c1].transpose(1, 2) @ stacked_prefix[:, index].mT  # (KV, rows, G, E)
+        far = (at_edges[..., :-1] - at_edges[..., 1:]).permute(0, 2, 1, 3).reshape(heads, c1 - c0, -1)
         dense[..., near : near + far.shape[-1]].index_add_(1, query_bin[c0:c1], far)
     return dense

@@ -117,8 +117,9 @@ def sum_layer(capture: LayerCapture, boundaries: Sequence[int], table_grid: Grid
     if choose_path(capture, path) == "bilinear":
         rows, offset_weighted = bilinear.row_sums(query, keys, mask.window)
         columns = bilinear.column_sums(query, keys, boundaries, span)
-        gram = bilinear.gram(query, keys, mask.window, boundaries)
-        table = bilinear.table_sums(query, keys, mask.window, table_grid)
+        stacked = bilinear.stack(query, keys)
+        gram = bilinear.gram(query, keys, stacked, mask.window, boundaries)
+        table = bilinear.table_sums(query, keys, stacked, mask.window, table_grid)
     else:
         rows, columns, gram, offset_weighted, table = _materialised(
             query, keys, span, facts.softcap, boundaries, table_grid
