@@ -214,17 +214,18 @@ def _capture(
         unit="batch",
         disable=not progress,
     )
-    recorder = QKRecorder()
+    recorder = QKRecorder(captures)
     layers = model.config.get_text_config(decoder=True).num_hidden_layers
     session = CaptureSession([recorder, LayerProgress(bar, layers)], edits=interventions.attention_edits(sink_heads))
     with interventions.applied(model, tokenizer, bos_at_0=batch.bos_id is not None):
         for index in todo:
             seq_index, ids = chunks[index]
+            recorder.batch = index
             with ResidualCapture(model, positions=[0]) as residual:
                 session.forward(model, ids, seq_index)
             pos0 = residual.states()[:, :, 0]
             _check_finite(pos0, model_id)
-            captures.write(index, seq_index, recorder, {"pos0": pos0})
+            captures.finish_batch(index, seq_index, {"pos0": pos0})
             bar.update(1)
     bar.close()
     return sink_heads

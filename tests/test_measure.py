@@ -260,14 +260,15 @@ def _captured(model: torch.nn.Module, ids: torch.Tensor, folder: Path) -> tuple[
     from posleak.capture import CaptureSession
 
     model = use_posleak_attention(model)
-    recorder = QKRecorder()
     captures = CaptureFolder(folder)
+    recorder = QKRecorder(captures)
     with LogitRecorder(model) as reference:
         session = CaptureSession([recorder])
         for batch, start in enumerate(range(0, ids.shape[0], 2)):
             index = torch.arange(start, min(ids.shape[0], start + 2))
+            recorder.batch = batch
             session.forward(model, ids[index], index)
-            captures.write(batch, index, recorder, {})
+            captures.finish_batch(batch, index, {})
     return captures, reference
 
 
@@ -332,22 +333,28 @@ def test_grid_edges_follow_the_documented_rule() -> None:
 
 
 def test_captures_come_back_in_input_order(tmp_path: Path) -> None:
-    """Batches written out of order (a resumed run) are read back by sequence index."""
-    model = use_posleak_attention(tiny_model("llama"))
-    ids = _ids(model, 4)
+    """Batches written out of order (a resumed run) are read back by sequence index; a batch whose forward
+    did not finish (layer files without the closing file) does not count."""
     from posleak.capture import CaptureSession
 
-    recorder = QKRecorder()
-    captures = CaptureFolder(tmp_path)
+    model = use_posleak_attention(tiny_model("llama"))
+    ids = _ids(model, 4)
+    captures = CaptureFolder(tmp_path / "batches")
+    recorder = QKRecorder(captures)
     session = CaptureSession([recorder])
-    for batch, rows in ((1, [2, 3]), (0, [0, 1])):
+    for batch, rows in ((1, [2, 3]), (0, [0, 1]), (2, [0, 1])):
         index = torch.tensor(rows)
+        recorder.batch = batch
         session.forward(model, ids[index], index)
-        captures.write(batch, index, recorder, {"marker": index.double()})
-    whole = QKRecorder()
-    CaptureSession([whole]).forward(model, ids)
-    layer = captures.layer(1)
-    torch.testing.assert_close(layer.query, whole.take()["1.query"], rtol=1e-6, atol=1e-6)
+        if batch < 2:  # batch 2 is "killed" before it finishes
+            captures.finish_batch(batch, index, {"marker": index.double()})
+    whole = CaptureFolder(tmp_path / "whole")
+    everything = QKRecorder(whole)
+    everything.batch = 0
+    CaptureSession([everything]).forward(model, ids)
+    whole.finish_batch(0, torch.arange(4), {})
+    assert captures.batches() == [0, 1] and captures.layers() == [0, 1, 2]
+    torch.testing.assert_close(captures.layer(1).query, whole.layer(1).query, rtol=1e-6, atol=1e-6)
     assert [t.tolist() for t in captures.extra("marker")] == [[0.0, 1.0], [2.0, 3.0]]
 
 

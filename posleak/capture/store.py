@@ -6,28 +6,28 @@ forward passes therefore keep each layer's post-RoPE queries, the distinct keys 
 log Z_i exactly as the model computed them, and the measurement (posleak.measure.layer_sums) takes
 them up layer by layer after the last batch.
 
-`QKRecorder` is the accumulator that keeps them for the batch in flight; `CaptureFolder` writes one
-safetensors file per batch (atomically: a batch is done when its file exists, so the files are also the
-checkpoint of an interrupted run) and reads one layer of every batch back in sequence order. Memory grows
-with T: one batch in flight during the forwards, one layer of all sequences during the reduction.
+`QKRecorder` is the accumulator that writes them to a `CaptureFolder` as the forward reaches each layer
+(one file per batch and layer, then one that marks the batch done: the files are also the checkpoint of an
+interrupted run); `CaptureFolder.layer` reads one layer of every batch back in sequence order. Memory grows
+with T: one layer's tensors of one batch during the forwards, one layer of all sequences when measuring.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save
 
 from posleak.capture.masks import MaskSpec
 from posleak.capture.session import AttentionCall
+from posleak.report.runfolder import atomic_write
 
-_BATCH_FILE = "batch{:05d}.safetensors"
+_LAYER_FILE = "batch{:05d}.layer{:03d}.safetensors"
+_DONE_FILE = "batch{:05d}.safetensors"
 
 
 @dataclass(frozen=True)
@@ -79,93 +79,83 @@ class LayerCapture:
 
 
 class QKRecorder:
-    """Keeps each layer's q, distinct keys and log Z of the batch in flight (an accumulator)."""
+    """An accumulator that writes each layer's q, distinct keys and log Z of the batch in flight to the
+    capture folder as soon as the forward reaches it: one layer's tensors are in memory at a time."""
 
     needs_attended_keys = False
 
-    def __init__(self) -> None:
-        self.tensors: dict[str, torch.Tensor] = {}
+    def __init__(self, folder: CaptureFolder) -> None:
+        self.folder = folder
+        self.batch: int | None = None
         self.facts: dict[int, CallFacts] = {}
 
     def update(self, call: AttentionCall) -> None:
+        if self.batch is None:
+            raise ValueError("QKRecorder.batch is not set: say which batch the forward belongs to")
         facts = CallFacts.of(call)
         if self.facts.setdefault(call.layer, facts) != facts:
             raise ValueError(f"layer {call.layer} changed its attention from {self.facts[call.layer]} to {facts}")
         log_z = torch.zeros_like(call.log_z) if call.norm == "sigmoid" else call.log_z
-        # clone: the tensors must outlive the forward, and a view would keep the model's buffers alive
-        self.tensors[f"{call.layer}.query"] = call.query.detach().clone(memory_format=torch.contiguous_format)
-        self.tensors[f"{call.layer}.keys"] = call.distinct_keys.detach().clone(memory_format=torch.contiguous_format)
-        self.tensors[f"{call.layer}.log_z"] = log_z.detach().float().contiguous()
-
-    def take(self) -> dict[str, torch.Tensor]:
-        """The batch's tensors, leaving the recorder empty for the next batch."""
-        tensors, self.tensors = self.tensors, {}
-        return tensors
+        tensors = {"query": call.query, "keys": call.distinct_keys, "log_z": log_z.float()}
+        self.folder.write_layer(self.batch, call.layer, tensors, facts)
 
 
 class CaptureFolder:
-    """One safetensors file per batch: the recorder's tensors, the batch's sequence indices, the facts."""
+    """Per batch, one safetensors file per layer (q, keys, log Z, and the call's facts as metadata) and,
+    written last, one with the batch's sequence indices and extra tensors: the batch is done when that
+    file exists. Every file is written atomically, so a killed run leaves whole files only."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
 
-    def batch_path(self, batch: int) -> Path:
-        return self.path / _BATCH_FILE.format(batch)
+    def _done_path(self, batch: int) -> Path:
+        return self.path / _DONE_FILE.format(batch)
 
     def has(self, batch: int) -> bool:
-        return self.batch_path(batch).exists()
+        return self._done_path(batch).exists()
 
-    def write(
-        self, batch: int, sequence_index: torch.Tensor, recorder: QKRecorder, extra: dict[str, torch.Tensor]
-    ) -> None:
-        """Write the batch's captures and `extra` tensors (named freely, e.g. residual states) atomically."""
-        tensors = recorder.take() | {f"extra.{name}": value.contiguous() for name, value in extra.items()}
-        tensors["sequence_index"] = sequence_index.long().contiguous()
-        facts = {str(layer): asdict(fact) for layer, fact in recorder.facts.items()}
-        target = self.batch_path(batch)
-        tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
-        try:
-            save_file(tensors, str(tmp), metadata={"facts": json.dumps(facts)})
-            with open(tmp, "rb") as file:
-                os.fsync(file.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+    def write_layer(self, batch: int, layer: int, tensors: dict[str, torch.Tensor], facts: CallFacts) -> None:
+        data = {name: value.detach().contiguous() for name, value in tensors.items()}
+        blob = save(data, metadata={"facts": json.dumps(asdict(facts))})
+        atomic_write(self.path / _LAYER_FILE.format(batch, layer), lambda file: file.write(blob))
 
-    def batches(self) -> list[Path]:
-        return sorted(self.path.glob(_BATCH_FILE.replace("{:05d}", "*")))
+    def finish_batch(self, batch: int, sequence_index: torch.Tensor, extra: dict[str, torch.Tensor]) -> None:
+        """Mark the batch done, with its sequence indices and `extra` tensors (e.g. residual states)."""
+        data = {f"extra.{name}": value.detach().contiguous() for name, value in extra.items()}
+        blob = save(data | {"sequence_index": sequence_index.long().contiguous()})
+        atomic_write(self._done_path(batch), lambda file: file.write(blob))
+
+    def batches(self) -> list[int]:
+        """The finished batches, in order."""
+        return sorted(int(path.name[5:10]) for path in self.path.glob(_DONE_FILE.replace("{:05d}", "?" * 5)))
 
     def extra(self, name: str) -> list[torch.Tensor]:
-        """The `extra` tensor `name` of every batch, in batch order."""
-        out = []
-        for path in self.batches():
-            with safe_open(str(path), framework="pt") as file:
-                out.append(file.get_tensor(f"extra.{name}"))
-        return out
+        """The `extra` tensor `name` of every finished batch, in batch order."""
+        return [load_file(self._done_path(batch))[f"extra.{name}"] for batch in self.batches()]
 
     def layers(self) -> list[int]:
-        paths = self.batches()
-        if not paths:
+        batches = self.batches()
+        if not batches:
             return []
-        with safe_open(str(paths[0]), framework="pt") as file:
-            return sorted(int(layer) for layer in json.loads(file.metadata()["facts"]))
+        pattern = _LAYER_FILE.format(batches[0], 0).replace("layer000", "layer???")
+        return sorted(int(path.name.split(".layer")[1][:3]) for path in self.path.glob(pattern))
 
     def layer(self, layer: int) -> LayerCapture:
-        """Layer `layer` of every batch, rows ordered by sequence index."""
+        """Layer `layer` of every finished batch, rows ordered by sequence index."""
         parts: dict[str, list[torch.Tensor]] = {"query": [], "keys": [], "log_z": [], "index": []}
         facts = None
-        for path in self.batches():
+        for batch in self.batches():
+            path = self.path / _LAYER_FILE.format(batch, layer)
             with safe_open(str(path), framework="pt") as file:
-                stored = json.loads(file.metadata()["facts"])[str(layer)]
+                stored = json.loads(file.metadata()["facts"])
                 batch_facts = CallFacts(**{**stored, "sink": None if stored["sink"] is None else tuple(stored["sink"])})
                 if facts is not None and batch_facts != facts:
                     raise ValueError(f"layer {layer} computed differently in {path.name}: {batch_facts} vs {facts}")
                 facts = batch_facts
                 for name in ("query", "keys", "log_z"):
-                    parts[name].append(file.get_tensor(f"{layer}.{name}"))
-                parts["index"].append(file.get_tensor("sequence_index"))
+                    parts[name].append(file.get_tensor(name))
+            parts["index"].append(load_file(self._done_path(batch))["sequence_index"])
         if facts is None:
             raise ValueError(f"no captured batches in {self.path}")
         order = torch.cat(parts["index"]).argsort()
