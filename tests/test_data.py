@@ -160,10 +160,46 @@ def test_corpus_errors_are_one_line(
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("datasets") is not None, reason="datasets is installed")
-def test_hf_corpus_without_datasets_says_to_install_it() -> None:
+def test_hf_corpus_without_datasets_says_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "datasets", None)  # what an environment without the package looks like
+    assert importlib.util.find_spec("datasets") is None
     with pytest.raises(PosleakError, match="pip install datasets"):
         load_corpus("hf:wikitext:train:text")
+
+
+@pytest.fixture
+def local_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A Hugging Face dataset folder written with `datasets` itself: train and validation splits as Parquet,
+    a `text` and a `body` column (one text missing); the library's cache kept inside tmp_path."""
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    folder = tmp_path / "dataset"
+    (folder / "data").mkdir(parents=True)
+    train = {"text": ["First document.", None, "Third document."], "body": ["b1", "b2", "b3"], "n": [1, 2, 3]}
+    datasets.Dataset.from_dict(train).to_parquet(folder / "data" / "train-00000-of-00001.parquet")
+    validation = {"text": ["Held out."], "body": ["held body"], "n": [4]}
+    datasets.Dataset.from_dict(validation).to_parquet(folder / "data" / "validation-00000-of-00001.parquet")
+    return folder
+
+
+def test_hf_corpus_from_a_local_dataset(local_dataset: Path) -> None:
+    """hf:NAME[:split[:field]] loads through `datasets.load_dataset` (offline, a local dataset folder): the default
+    split and field, another split, another field; missing texts are skipped."""
+    corpus = load_corpus(f"hf:{local_dataset}")
+    assert corpus.documents == ("First document.", "Third document.")
+    assert corpus.name == f"hf:{local_dataset}" and corpus.provenance()["corpus_documents"] == 2
+    assert load_corpus(f"hf:{local_dataset}:validation").documents == ("Held out.",)
+    assert load_corpus(f"hf:{local_dataset}:train:body").documents == ("b1", "b2", "b3")
+
+
+@pytest.mark.parametrize(
+    ("suffix", "message"),
+    [(":train:title", r"has no field 'title' \(fields: \['text', 'body', 'n'\]\)"), (":test", "split 'test'")],
+)
+def test_hf_corpus_errors_name_the_fix(local_dataset: Path, suffix: str, message: str) -> None:
+    with pytest.raises(PosleakError, match=message) as err:
+        load_corpus(f"hf:{local_dataset}{suffix}")
+    assert "\n" not in str(err.value)
 
 
 def test_malformed_hf_spec() -> None:
