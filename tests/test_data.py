@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import json
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from posleak.data.batches import (
     pos0_token,
     tokenizer_prepends_bos,
 )
-from posleak.data.corpus import Corpus, fingerprint_documents, load_corpus, make_corpus
+from posleak.data.corpus import MIN_DOCSTRING_CHARS, Corpus, fingerprint_documents, load_corpus, make_corpus
 from posleak.data.nulls import make_null
 from posleak.errors import PosleakError
 
@@ -102,6 +103,18 @@ def test_stdlib_corpus_is_long_prose_and_deterministic(stdlib: Corpus) -> None:
     code = "from posleak.data.corpus import load_corpus; print(load_corpus().fingerprint)"
     fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert fresh.stdout.strip() == stdlib.fingerprint
+
+
+def test_stdlib_corpus_ignores_stdlib_functions_replaced_by_a_library(stdlib: Corpus) -> None:
+    """A process in which a library replaced a stdlib function (importing Ray replaces inspect.isgenerator, whose
+    docstring is in the corpus) builds the same corpus: lab models trained on Ray workers see the same text."""
+    code = (
+        "import inspect; original = inspect.isgenerator; inspect.isgenerator = lambda obj: original(obj); "
+        "from posleak.data.corpus import load_corpus; print(load_corpus().fingerprint)"
+    )
+    patched = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert patched.stdout.strip() == stdlib.fingerprint
+    assert len(inspect.getdoc(inspect.isgenerator)) >= MIN_DOCSTRING_CHARS  # so its absence would show
 
 
 def test_file_folder_and_jsonl_specs(tmp_path: Path) -> None:
