@@ -1,18 +1,23 @@
 """Open a report in headless Chromium (Debian's package) as a reader would: no console errors, every
-image loaded, a screenshot with content. Tests skip where Chromium is missing, saying so."""
+image loaded, a screenshot with content. Tests marked `needs_chromium` skip where Chromium is missing, saying so,
+except under CI (`.ci/run` sets POSLEAK_REQUIRE_BROWSER=1), where they fail instead."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+REQUIRED = os.environ.get("POSLEAK_REQUIRE_BROWSER") == "1"
 SKIP_REASON = "Chromium is not installed (apt-get install chromium)"
+needs_chromium = pytest.mark.skipif(CHROMIUM is None and not REQUIRED, reason=SKIP_REASON)
 
 # Injected into a copy of the report only (the report itself has no script): once the page has loaded,
 # it writes each image's naturalWidth into the DOM, which --dump-dom then prints.
@@ -27,6 +32,8 @@ window.addEventListener("load", () => {
 
 
 def _chromium(profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    if CHROMIUM is None:
+        pytest.fail(f"POSLEAK_REQUIRE_BROWSER=1 but {SKIP_REASON}")
     command = [
         CHROMIUM,
         "--headless",

@@ -24,3 +24,14 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str)
     assert "Traceback" not in proc.stderr
     for needle in needles:
         assert needle in lines[0], lines[0]
+
+
+def file_stamps(*folders: Path) -> dict[Path, tuple[int, int]]:
+    """(inode, mtime in ns) of every file under `folders`: a rerun that reads a file back leaves its stamp, one that
+    writes it again (in place or by an atomic replace) changes it."""
+    return {
+        path: (path.stat().st_ino, path.stat().st_mtime_ns)
+        for folder in folders
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import json
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from posleak.data.batches import (
     pos0_token,
     tokenizer_prepends_bos,
 )
-from posleak.data.corpus import Corpus, fingerprint_documents, load_corpus, make_corpus
+from posleak.data.corpus import MIN_DOCSTRING_CHARS, Corpus, fingerprint_documents, load_corpus, make_corpus
 from posleak.data.nulls import make_null
 from posleak.errors import PosleakError
 
@@ -104,6 +105,18 @@ def test_stdlib_corpus_is_long_prose_and_deterministic(stdlib: Corpus) -> None:
     assert fresh.stdout.strip() == stdlib.fingerprint
 
 
+def test_stdlib_corpus_ignores_stdlib_functions_replaced_by_a_library(stdlib: Corpus) -> None:
+    """A process in which a library replaced a stdlib function (importing Ray replaces inspect.isgenerator, whose
+    docstring is in the corpus) builds the same corpus: lab models trained on Ray workers see the same text."""
+    code = (
+        "import inspect; original = inspect.isgenerator; inspect.isgenerator = lambda obj: original(obj); "
+        "from posleak.data.corpus import load_corpus; print(load_corpus().fingerprint)"
+    )
+    patched = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert patched.stdout.strip() == stdlib.fingerprint
+    assert len(inspect.getdoc(inspect.isgenerator)) >= MIN_DOCSTRING_CHARS  # so its absence would show
+
+
 def test_file_folder_and_jsonl_specs(tmp_path: Path) -> None:
     (tmp_path / "docs" / "sub").mkdir(parents=True)
     (tmp_path / "docs" / "b.txt").write_text("second", encoding="utf-8")
@@ -160,10 +173,46 @@ def test_corpus_errors_are_one_line(
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("datasets") is not None, reason="datasets is installed")
-def test_hf_corpus_without_datasets_says_to_install_it() -> None:
+def test_hf_corpus_without_datasets_says_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "datasets", None)  # what an environment without the package looks like
+    assert importlib.util.find_spec("datasets") is None
     with pytest.raises(PosleakError, match="pip install datasets"):
         load_corpus("hf:wikitext:train:text")
+
+
+@pytest.fixture
+def local_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A Hugging Face dataset folder written with `datasets` itself: train and validation splits as Parquet,
+    a `text` and a `body` column (one text missing); the library's cache kept inside tmp_path."""
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    folder = tmp_path / "dataset"
+    (folder / "data").mkdir(parents=True)
+    train = {"text": ["First document.", None, "Third document."], "body": ["b1", "b2", "b3"], "n": [1, 2, 3]}
+    datasets.Dataset.from_dict(train).to_parquet(folder / "data" / "train-00000-of-00001.parquet")
+    validation = {"text": ["Held out."], "body": ["held body"], "n": [4]}
+    datasets.Dataset.from_dict(validation).to_parquet(folder / "data" / "validation-00000-of-00001.parquet")
+    return folder
+
+
+def test_hf_corpus_from_a_local_dataset(local_dataset: Path) -> None:
+    """hf:NAME[:split[:field]] loads through `datasets.load_dataset` (offline, a local dataset folder): the default
+    split and field, another split, another field; missing texts are skipped."""
+    corpus = load_corpus(f"hf:{local_dataset}")
+    assert corpus.documents == ("First document.", "Third document.")
+    assert corpus.name == f"hf:{local_dataset}" and corpus.provenance()["corpus_documents"] == 2
+    assert load_corpus(f"hf:{local_dataset}:validation").documents == ("Held out.",)
+    assert load_corpus(f"hf:{local_dataset}:train:body").documents == ("b1", "b2", "b3")
+
+
+@pytest.mark.parametrize(
+    ("suffix", "message"),
+    [(":train:title", r"has no field 'title' \(fields: \['text', 'body', 'n'\]\)"), (":test", "split 'test'")],
+)
+def test_hf_corpus_errors_name_the_fix(local_dataset: Path, suffix: str, message: str) -> None:
+    with pytest.raises(PosleakError, match=message) as err:
+        load_corpus(f"hf:{local_dataset}{suffix}")
+    assert "\n" not in str(err.value)
 
 
 def test_malformed_hf_spec() -> None:

@@ -1,16 +1,29 @@
-"""Each intervention does what it declares and nothing more (tiny models, against direct computation)."""
+"""Each intervention does what it declares and nothing more (tiny models, against direct computation); the
+effect table against the definition of DESIGN.md §3.4 on hand-built runs; `intervene()` end to end."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
 import pytest
 import torch
-from tiny import WINDOW, tiny_model, tiny_tokenizer
-from transformers import PreTrainedModel
+from cli import file_stamps
+from tiny import SINK_T, WINDOW, sink_ids, sink_model, sink_scores, tiny_model, tiny_tokenizer
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from posleak.capture import AttentionEdits, CaptureSession, QueryStats, ResidualCapture, use_posleak_attention
+from posleak.analyze import AnalysisResult, AnalyzeConfig, _sink_heads, analyze_model, sequences_for
+from posleak.capture import AttentionEdits, CaptureSession, ResidualCapture, use_posleak_attention
+from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
 from posleak.intervene import Interventions
+from posleak.intervene.effect import effect_table, intervene
 from posleak.intervene.embedding import mean_embedding
+from posleak.measure import LAYER_MAGNITUDES
+from posleak.models.load import load_model
 
 T = 3 * WINDOW
 
@@ -147,14 +160,46 @@ def test_ablating_key0_of_a_reading_head_changes_later_queries_only() -> None:
     assert not torch.allclose(ablated[1, :, 1:], base[1, :, 1:])
 
 
-def test_auto_ablation_uses_the_sink_heads() -> None:
-    model = use_posleak_attention(tiny_model("llama"))
-    stats = QueryStats()
-    CaptureSession([stats]).forward(model, _ids(model))
-    heads = stats.result().sink_heads
-    sink_heads = {layer: tuple(heads[layer].nonzero().flatten().tolist()) for layer in range(heads.shape[0])}
-    edits = Interventions(ablate_sink_values="auto").attention_edits(sink_heads)
-    assert edits.ablate_key0 == {layer: hs for layer, hs in sink_heads.items() if hs}
+# α_0 at T = 32 (tests/tiny.py): 0.995, 0.269 (below ε = 0.3), 0.341 (above), 0.962, 0.999; other heads 0.099.
+SINK_LOGITS = {(0, 0): 8.0, (0, 1): 1.4, (0, 2): 1.8, (1, 3): 6.0, (2, 1): 10.0}
+SINK_HEADS = {0: (0, 2), 1: (3,), 2: (1,)}
+
+
+def _verbatim(ids: torch.Tensor) -> TokenBatch:
+    return TokenBatch(ids, "verbatim", None, ids[:, 0].clone(), source="test", source_name="test", seed=None)
+
+
+@pytest.mark.parametrize(
+    ("logits", "expected"),
+    [(SINK_LOGITS, SINK_HEADS), ({k: v for k, v in SINK_LOGITS.items() if k != (2, 1)}, {**SINK_HEADS, 2: ()})],
+)
+def test_sink_heads_of_a_model_built_with_them(
+    logits: dict[tuple[int, int], float], expected: dict[int, tuple[int, ...]]
+) -> None:
+    """`_sink_heads` returns exactly the heads whose analytic α_0 exceeds 0.3, including one just above and none
+    just below, and --ablate-sink-values auto turns them into key-0 ablations of those heads (no empty layer)."""
+    analytic = sink_scores(logits, layers=3)
+    assert {layer: tuple(analytic[layer].gt(0.3).nonzero().flatten().tolist()) for layer in range(3)} == expected
+    batch = _verbatim(sink_ids())
+    config = AnalyzeConfig(seq_len=SINK_T, num_seqs=batch.num_seqs, batch_size=2)
+    heads = _sink_heads(sink_model(logits), batch, config)
+    assert heads == expected
+    edits = Interventions(ablate_sink_values="auto").attention_edits(heads)
+    assert edits.ablate_key0 == {layer: chosen for layer, chosen in expected.items() if chosen}
+
+
+def test_auto_ablation_ablates_exactly_the_sink_heads() -> None:
+    """An analysis with --ablate-sink-values auto records the constructed sink heads as ablated, and its sink
+    scores are the analytic α_0 (value ablation leaves the attention weights alone)."""
+    batch = _verbatim(sink_ids())
+    config = AnalyzeConfig(
+        seq_len=SINK_T, num_seqs=batch.num_seqs, bootstrap=0, interventions=Interventions(ablate_sink_values="auto")
+    )
+    result = analyze_model(sink_model(SINK_LOGITS), batch, config, model_id="sink-lab", progress=False)
+    ablated = result.manifest["interventions"][0]["sink_heads_ablated"]
+    assert ablated == {str(layer): list(heads) for layer, heads in SINK_HEADS.items()}
+    scores = result.per_head.sort_values(["layer", "head"])["sink_score"].to_numpy().reshape(3, 4)
+    np.testing.assert_allclose(scores, sink_scores(SINK_LOGITS, layers=3), atol=1e-6)
 
 
 def test_bad_intervention_options_are_one_line_errors() -> None:
@@ -164,3 +209,183 @@ def test_bad_intervention_options_are_one_line_errors() -> None:
         Interventions(window="wide")
     with pytest.raises(PosleakError, match="ablate-sink-values"):
         Interventions(ablate_sink_values="3").attention_edits()
+
+
+# ------------------------------------------------------------------------------------- effect tables
+
+LAYERS, RESAMPLES = 4, 60
+# Intervened/baseline ratio per layer and measure: the effect is 100·(ratio − 1) per layer.
+RATIOS = {
+    "mask_early": [0.5, 0.8, 1.0, 1.5],
+    "mask_all": [1.2, 1.1, 0.9, 0.7],
+    "resid_early": [0.6, 0.6, 0.3, 0.9],
+    "resid_all": [2.0, 0.25, 1.0, 0.75],
+}
+
+
+def _hand_built_runs(seed: int = 0) -> tuple[AnalysisResult, AnalysisResult, dict[str, tuple[np.ndarray, ...]]]:
+    """A baseline and an intervened run with known per-layer magnitudes and bootstrap tables, their rows
+    shuffled (each run its own order); also the same numbers as arrays: (base, new, base_boot, new_boot) per
+    measure, boot arrays indexed [resample, layer]. Resample k of the intervened run is resample k of the
+    baseline times the ratio and a small factor, so only a correctly paired bootstrap gives a narrow interval."""
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    base_layer, new_layer = {"layer": np.arange(LAYERS)}, {"layer": np.arange(LAYERS)}
+    resample, layer = np.repeat(np.arange(RESAMPLES), LAYERS), np.tile(np.arange(LAYERS), RESAMPLES)
+    base_boot_table, new_boot_table = {"resample": resample, "layer": layer}, {"resample": resample, "layer": layer}
+    for measure, ratio in RATIOS.items():
+        base = rng.uniform(0.5, 2.0, LAYERS)
+        new = base * np.array(ratio)
+        base_boot = base * rng.uniform(0.5, 1.5, (RESAMPLES, LAYERS))
+        new_boot = base_boot * np.array(ratio) * rng.uniform(0.97, 1.03, (RESAMPLES, LAYERS))
+        arrays[measure] = (base, new, base_boot, new_boot)
+        base_layer[measure], new_layer[measure] = base, new
+        base_boot_table[measure], new_boot_table[measure] = base_boot.ravel(), new_boot.ravel()
+
+    def run(per_layer: dict, bootstrap: dict) -> AnalysisResult:
+        empty = pd.DataFrame()
+        per_layer_rows = pd.DataFrame(per_layer).sample(frac=1.0, random_state=rng)
+        bootstrap_rows = pd.DataFrame(bootstrap).sample(frac=1.0, random_state=rng)
+        return AnalysisResult(empty, per_layer_rows, empty, empty, empty, bootstrap_rows, manifest={})
+
+    return run(base_layer, base_boot_table), run(new_layer, new_boot_table), arrays
+
+
+def test_effect_is_the_percent_change_per_layer_and_of_the_layer_means() -> None:
+    """pct_change = 100·(intervened/baseline − 1) per layer; the overall row (layer −1) is the ratio of the means
+    over layers, not the mean of the per-layer changes."""
+    baseline, intervened, arrays = _hand_built_runs()
+    effect = effect_table(baseline, intervened)
+    assert sorted(effect["measure"].unique()) == sorted(LAYER_MAGNITUDES)
+    for measure, ratio in RATIOS.items():
+        base, new = arrays[measure][:2]
+        rows = effect[effect["measure"] == measure].set_index("layer")
+        assert sorted(rows.index) == [-1, 0, 1, 2, 3]
+        np.testing.assert_allclose(rows.loc[[0, 1, 2, 3], "pct_change"], 100 * (np.array(ratio) - 1), atol=1e-9)
+        np.testing.assert_allclose(rows.loc[[0, 1, 2, 3], "baseline"], base, rtol=1e-12)
+        np.testing.assert_allclose(rows.loc[[0, 1, 2, 3], "intervened"], new, rtol=1e-12)
+        overall = 100 * (new.mean() / base.mean() - 1)
+        assert rows.loc[-1, "pct_change"] == pytest.approx(overall, abs=1e-9)
+        assert overall != pytest.approx(100 * (np.mean(ratio) - 1), abs=1e-3)  # the two readings differ here
+
+
+@pytest.mark.parametrize("level", [0.95, 0.8])
+def test_effect_interval_is_the_paired_bootstrap_percentile_interval(level: float) -> None:
+    """The interval of each effect is the percentile interval of the effect computed on resample k of both runs,
+    for each k (per layer and for the ratio of the layer means)."""
+    baseline, intervened, arrays = _hand_built_runs(seed=1)
+    effect = effect_table(baseline, intervened, level=level)
+    tail = 100 * (1 - level) / 2
+    for measure, (_, _, base_boot, new_boot) in arrays.items():
+        per_layer = 100 * (new_boot / base_boot - 1)
+        overall = 100 * (new_boot.mean(axis=1) / base_boot.mean(axis=1) - 1)
+        samples = np.column_stack([per_layer, overall])  # columns: layers 0..3, then overall
+        lo, hi = np.percentile(samples, [tail, 100 - tail], axis=0)
+        rows = effect[effect["measure"] == measure].set_index("layer").loc[[0, 1, 2, 3, -1]]
+        np.testing.assert_allclose(rows["pct_lo"], lo, rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(rows["pct_hi"], hi, rtol=1e-9, atol=1e-9)
+        # Paired, every resample's ratio lies within ±3% of the true one; unpaired ones spread by a factor 3.
+        ratio = np.array(RATIOS[measure])
+        assert np.all(rows["pct_lo"].iloc[:LAYERS] >= 100 * (0.97 * ratio - 1))
+        assert np.all(rows["pct_hi"].iloc[:LAYERS] <= 100 * (1.03 * ratio - 1))
+
+
+def test_effect_without_a_bootstrap_has_no_interval() -> None:
+    """A run that kept no resamples gives the point effect and NaN bounds (no interval is invented)."""
+    baseline, intervened, _ = _hand_built_runs()
+    intervened.bootstrap = pd.DataFrame(columns=["resample", "layer", *LAYER_MAGNITUDES])
+    effect = effect_table(baseline, intervened)
+    assert effect["pct_lo"].isna().all() and effect["pct_hi"].isna().all()
+    rows = effect[effect["measure"] == "resid_all"].set_index("layer")
+    np.testing.assert_allclose(rows.loc[[0, 1, 2, 3], "pct_change"], 100 * (np.array(RATIOS["resid_all"]) - 1))
+
+
+# ------------------------------------------------------------------------------------ intervene() end to end
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny Llama checkpoint folder (safetensors, word-level tokenizer with a BOS) and a corpus of its words."""
+    root = tmp_path_factory.mktemp("intervene")
+    folder = root / "tiny-llama"
+    tiny_model("llama").save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    corpus = root / "words.txt"
+    corpus.write_text(" ".join(f"w{k}" for k in np.random.default_rng(0).integers(2, 96, 3000)))
+    return folder, corpus
+
+
+def _assert_effect_file_matches_the_runs(out: Path) -> None:
+    """effect.parquet against 100·(intervened/baseline − 1) of the two runs' per_layer.parquet, per layer and for
+    the ratio of the means over layers."""
+    effect = pd.read_parquet(out / "effect.parquet")
+    base = pd.read_parquet(out / "baseline" / "per_layer.parquet").set_index("layer").sort_index()
+    new = pd.read_parquet(out / "intervened" / "per_layer.parquet").set_index("layer").sort_index()
+    for measure in LAYER_MAGNITUDES:
+        rows = effect[effect["measure"] == measure].set_index("layer")
+        b, n = base[measure].to_numpy(), new[measure].to_numpy()
+        with np.errstate(invalid="ignore", divide="ignore"):  # 0/0 where a noise-corrected magnitude is 0
+            expected = 100 * (np.append(n / b, n.mean() / b.mean()) - 1)
+        np.testing.assert_allclose(rows.loc[[*base.index, -1], "pct_change"], expected, rtol=1e-9)
+
+
+def _numbers(table: pd.DataFrame) -> pd.DataFrame:
+    return table.select_dtypes("number").reset_index(drop=True)
+
+
+def test_intervene_bos_off_removes_the_bos_and_nothing_else(tmp_path: Path, checkpoint: tuple[Path, Path]) -> None:
+    """`intervene --bos off`: the baseline runs with a BOS at position 0, the intervened run is the analysis of the
+    same rows with that BOS cut off (T − 1 tokens), the effect is computed from the two, and a rerun reads both
+    runs back without rewriting a file."""
+    folder, corpus = checkpoint
+    config = AnalyzeConfig(seq_len=24, num_seqs=6, batch_size=3, bos="off", corpus=str(corpus), bootstrap=30)
+    run = intervene(str(folder), config, out=tmp_path / "run", progress=False)
+
+    loaded = load_model(str(folder))
+    with_bos = sequences_for(loaded, dataclasses.replace(config, bos="on"))
+    assert (with_bos.ids[:, 0] == 0).all() and run.baseline.manifest["bos"]["policy"] == "on"
+    cut = with_bos.ids[:, 1:]
+    reference = analyze_model(loaded.model, _verbatim(cut), config, model_id="reference", progress=False)
+    pd.testing.assert_frame_equal(_numbers(run.intervened.per_layer), _numbers(reference.per_layer))
+    assert run.intervened.manifest["data"]["seq_len"] == 23
+    assert {t["id"] for t in run.intervened.manifest["bos"]["position0_tokens"]} == set(cut[:, 0].tolist())
+
+    out = tmp_path / "run"
+    _assert_effect_file_matches_the_runs(out)
+    effect = pd.read_parquet(out / "effect.parquet")
+    assert effect.loc[effect["measure"] == "mask_all", ["pct_lo", "pct_hi"]].notna().all().all()  # paired bootstrap
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["interventions"] == {"bos": "off"}
+    assert (out / "report.html").stat().st_size > 10_000
+
+    runs = {name: file_stamps(out / name) for name in ("baseline", "intervened")}
+    intervene(str(folder), config, out=out, progress=False)
+    assert {name: file_stamps(out / name) for name in runs} == runs, "a finished run was recomputed"
+
+
+def test_intervene_rope_scaling_reloads_the_model_with_the_scaled_base(
+    tmp_path: Path, checkpoint: tuple[Path, Path]
+) -> None:
+    """`intervene --rope-scaling ntk:4` reloads the checkpoint with θ' = θ·4^(D/(D−2)) in every layer and changes
+    nothing else: the intervened run equals an analysis of a model built by hand with that base and the same
+    weights, on the same sequences."""
+    folder, corpus = checkpoint
+    spec = Interventions(rope_scaling="ntk:4")
+    config = AnalyzeConfig(seq_len=24, num_seqs=4, batch_size=2, corpus=str(corpus), bootstrap=0, interventions=spec)
+    run = intervene(str(folder), config, out=tmp_path / "run", progress=False)
+
+    saved = json.loads((folder / "config.json").read_text())
+    theta, dim = saved["rope_parameters"]["rope_theta"], saved["hidden_size"] // saved["num_attention_heads"]
+    scaled = theta * 4 ** (dim / (dim - 2))
+    assert run.baseline.manifest["model"]["facts"]["rope_theta"] == [theta] * 3
+    assert run.intervened.manifest["model"]["facts"]["rope_theta"] == pytest.approx([scaled] * 3, rel=1e-12)
+
+    loaded = load_model(str(folder))
+    twin = LlamaForCausalLM(LlamaConfig(**{**saved, "rope_parameters": {"rope_type": "default", "rope_theta": scaled}}))
+    twin.load_state_dict(loaded.model.state_dict())
+    twin = use_posleak_attention(twin.float().eval())
+    batch = sequences_for(loaded, config)
+    reference = analyze_model(twin, batch, dataclasses.replace(config, interventions=Interventions()), progress=False)
+    pd.testing.assert_frame_equal(_numbers(run.intervened.per_layer), _numbers(reference.per_layer))
+    assert not np.allclose(run.intervened.per_layer["mask_all"], run.baseline.per_layer["mask_all"])
+    _assert_effect_file_matches_the_runs(tmp_path / "run")

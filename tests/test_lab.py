@@ -11,26 +11,36 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
+import yaml
+from cli import file_stamps, run_cli
 from harness import analyze_recorded, errors_of
 from reference import assert_close
 from safetensors.torch import load_file
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
 
 from posleak.capture import CaptureSession, QueryStats, use_posleak_attention
 from posleak.capture.session import AttentionCall
 from posleak.cli import main
 from posleak.errors import PosleakError
+from posleak.lab import trainer as trainer_module
 from posleak.lab.compare import LAB_COLUMNS, LabRun, run_lab
 from posleak.lab.config import NORMS, PE_KINDS, LabConfig, LabSpec
-from posleak.lab.model import LabForCausalLM, build_lab_model
+from posleak.lab.model import LabForCausalLM, build_lab_model, load_lab_model
 from posleak.lab.sweep import SweepSpec, run_sweep
-from posleak.lab.trainer import TrainConfig, train
-from posleak.lab.trial import MARKER, EvalConfig, trial_folder
+from posleak.lab.trainer import TrainConfig, lab_sequences, prepare_data, train
+from posleak.lab.trial import MARKER, EvalConfig, Trial, trial_folder
 from posleak.measure.probe import PROBE_COLUMNS, ProbeConfig, probe_positions
 
 VOCAB = 96
@@ -413,3 +423,261 @@ def test_sweep_on_a_local_ray_cluster_reruns_nothing(tmp_path: Path) -> None:
     assert _markers(tmp_path, spec) == first, "a finished trial ran again"
     pd.testing.assert_frame_equal(again, table)
     assert (tmp_path / "sweep.parquet").is_file() and (tmp_path / "report.html").is_file()
+
+
+# ------------------------------------------------------------------------------------ resuming where it is hard
+
+
+@contextmanager
+def _optimizer_steps(interrupt_before: int | None = None) -> Iterator[list[int]]:
+    """Counts the optimizer steps taken inside the block (every torch optimizer, through torch's global step
+    hook); raises KeyboardInterrupt, as a Ctrl-C would, just before step number `interrupt_before`."""
+    count = [0]
+
+    def hook(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        count[0] += 1
+        if count[0] == interrupt_before:
+            raise KeyboardInterrupt
+
+    handle = register_optimizer_step_pre_hook(hook)
+    try:
+        yield count
+    finally:
+        handle.remove()
+
+
+RESUME_TRAIN = TrainConfig(steps=12, seq_len=32, batch_size=4, warmup_steps=2, eval_every=4, checkpoint_every=5)
+RESUME_SPEC = LabSpec(size="tiny", pe="rope", norm="sink")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """RESUME_SPEC trained for RESUME_TRAIN's 12 steps in one go."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    train(RESUME_SPEC, RESUME_TRAIN, out, progress=False)
+    return out
+
+
+@pytest.mark.parametrize("where", ["between checkpoints", "while writing a checkpoint"])
+def test_training_interrupted_off_a_checkpoint_resumes_to_the_same_run(
+    where: str, uninterrupted: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpoints at steps 5 and 10 of 12. Interrupted before step 8 (steps 6 and 7 done and lost), or while the
+    step-10 checkpoint is half written, the rerun goes back to step 5, takes the 7 steps left, and ends with the
+    weights and losses of the uninterrupted run."""
+    if where == "between checkpoints":
+        with _optimizer_steps(interrupt_before=8), pytest.raises(KeyboardInterrupt):
+            train(RESUME_SPEC, RESUME_TRAIN, tmp_path, progress=False)
+    else:
+        saves = [0]
+        real_save_file = trainer_module.save_file
+
+        def save_file(tensors: dict[str, torch.Tensor], path: str) -> None:  # the optimizer state of a checkpoint
+            saves[0] += 1
+            if saves[0] == 2:
+                raise KeyboardInterrupt
+            real_save_file(tensors, path)
+
+        monkeypatch.setattr(trainer_module, "save_file", save_file)
+        with pytest.raises(KeyboardInterrupt):
+            train(RESUME_SPEC, RESUME_TRAIN, tmp_path, progress=False)
+        monkeypatch.undo()
+        assert (tmp_path / "checkpoints" / ".step-000010.tmp" / "model.safetensors").is_file()  # half a checkpoint
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step-000005"
+    assert not (tmp_path / "train.json").exists()
+
+    with _optimizer_steps() as steps:
+        resumed = train(RESUME_SPEC, RESUME_TRAIN, tmp_path, progress=False)
+    assert steps[0] == 12 - 5
+    reference, weights = _weights(uninterrupted), _weights(tmp_path)
+    assert reference.keys() == weights.keys()
+    for name in reference:
+        assert torch.equal(weights[name], reference[name]), name
+    expected = pd.read_parquet(uninterrupted / "metrics.parquet")
+    assert resumed.metrics["step"].tolist() == list(range(1, 13))
+    for column in ("train_loss", "val_loss"):
+        np.testing.assert_array_equal(resumed.metrics[column], expected[column])
+
+
+RESUME_SWEEP = {
+    "name": "resume",
+    "base": {
+        "size": "tiny",
+        "steps": 6,
+        "seq_len": 32,
+        "batch_size": 4,
+        "eval_every": 3,
+        "eval_seqs": 8,
+        "warmup_steps": 1,
+        "checkpoint_every": 2,
+    },
+    "grid": {"pe": ["rope", "nope", "alibi"]},
+    "seeds": [0],
+    "eval": {"length_multiples": [1], "probe_seqs": 8, "analyze_seqs": 4, "batch_size": 4, "bootstrap": 0},
+}
+TIMINGS = ["train_s", "eval_s"]
+
+
+@pytest.fixture(scope="module")
+def reference_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pd.DataFrame]:
+    """RESUME_SWEEP run once, uninterrupted, one trial after the other in this process."""
+    out = tmp_path_factory.mktemp("reference-sweep")
+    return out, run_sweep(SweepSpec.from_dict(RESUME_SWEEP), out, progress=False, jobs=1)
+
+
+def _assert_same_results(table: pd.DataFrame, reference: pd.DataFrame) -> None:
+    """Every column but the timings equal, bit for bit: training and measuring are deterministic."""
+    pd.testing.assert_frame_equal(table.drop(columns=TIMINGS), reference.drop(columns=TIMINGS), check_exact=True)
+
+
+def test_sweep_interrupted_mid_trial_resumes_without_redoing_finished_trials(
+    tmp_path: Path, reference_sweep: tuple[Path, pd.DataFrame]
+) -> None:
+    """Interrupted in the second trial's training (step 3 done, checkpoint at 2), a rerun leaves the first trial's
+    files alone, takes the second from its checkpoint and the third from scratch, and ends equal to the
+    uninterrupted sweep."""
+    spec = SweepSpec.from_dict(RESUME_SWEEP)
+    first, second, _ = spec.trials()
+    with _optimizer_steps(interrupt_before=6 + 4), pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, tmp_path, progress=False, jobs=1)
+    assert (trial_folder(tmp_path, first) / MARKER).is_file()
+    assert not (trial_folder(tmp_path, second) / MARKER).exists()
+    assert (tmp_path / "models" / second.train_key / "checkpoints" / "latest").read_text().strip() == "step-000002"
+    finished = file_stamps(trial_folder(tmp_path, first), tmp_path / "models" / first.train_key)
+
+    with _optimizer_steps() as steps:
+        table = run_sweep(spec, tmp_path, progress=False, jobs=1)
+    assert steps[0] == (6 - 2) + 6
+    assert file_stamps(trial_folder(tmp_path, first), tmp_path / "models" / first.train_key) == finished
+    _assert_same_results(table, reference_sweep[1])
+
+
+def _run_interval(out: Path, trial: Trial) -> tuple[datetime, datetime]:
+    record = json.loads((trial_folder(out, trial) / MARKER).read_text())
+    return datetime.fromisoformat(record["started_utc"]), datetime.fromisoformat(record["finished_utc"])
+
+
+@pytest.mark.slow
+def test_cli_sweep_in_worker_processes_equals_the_serial_sweep(
+    tmp_path: Path, reference_sweep: tuple[Path, pd.DataFrame]
+) -> None:
+    """`posleak sweep SPEC --jobs 2` runs the trials two at a time in a process pool (two of them overlap in time)
+    and writes the same table as the serial sweep."""
+    spec_file = tmp_path / "sweep.yaml"
+    spec_file.write_text(yaml.safe_dump(RESUME_SWEEP))
+    out = tmp_path / "out"
+    proc = run_cli("sweep", str(spec_file), "--out", str(out), "--jobs", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "3 trials" in proc.stdout
+    _assert_same_results(pd.read_parquet(out / "sweep.parquet"), reference_sweep[1])
+    first, second = SweepSpec.from_dict(RESUME_SWEEP).trials()[:2]
+    (start_a, end_a), (start_b, end_b) = _run_interval(out, first), _run_interval(out, second)
+    assert start_a < end_b and start_b < end_a, "the first two trials did not run side by side"
+    assert (out / "report.html").is_file()
+
+
+@pytest.mark.slow
+def test_cli_lab_trains_and_measures_each_variant(tmp_path: Path) -> None:
+    """`posleak lab` as a user runs it: one row per variant, the window variant at W = T/4, the perplexity at the
+    training length equal to exp(mean cross-entropy) of the saved model over every validation window."""
+    argv = ["--steps", "4", "--seq-len", "16", "--batch-size", "4", "--eval-every", "2", "--warmup-steps", "1"]
+    proc = run_cli("lab", "--variants", "rope,window", *argv, "--jobs", "1", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = pd.read_parquet(tmp_path / "lab.parquet")
+    assert table["variant"].tolist() == ["rope", "window"] and table["attention"].tolist() == ["causal", "window:4"]
+    assert (tmp_path / "report.html").is_file() and "window" in proc.stdout
+
+    config = TrainConfig(steps=4, seq_len=16, batch_size=4, eval_every=2, warmup_steps=1)
+    run = LabRun(train=config, variants=("rope", "window"))
+    for variant, row in zip(run.variants, table.itertuples(index=False), strict=True):
+        trial = run.trial(variant)
+        folder = tmp_path / "models" / trial.train_key
+        model = load_lab_model(str(folder))
+        data = prepare_data(config, AutoTokenizer.from_pretrained(folder))
+        ids = lab_sequences(data, "val", 16, None, bos=True, seed=0).ids
+        with torch.no_grad():
+            logits = model(ids).logits[:, :-1].double()
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+        assert row.ppl_1x == pytest.approx(math.exp(float(loss)), rel=1e-5), variant
+        per_layer = pd.read_parquet(trial_folder(tmp_path, trial) / "per_layer.parquet")
+        assert row.mask_all == pytest.approx(per_layer["mask_all"].mean()) and row.mask_all > 0
+
+
+# ----------------------------------------------------------------------------------------- Ray, with faults
+
+
+@pytest.fixture
+def ray_faults(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A local Ray cluster whose workers run tests/ray_hooks.py's fault injection; yields its plan folder."""
+    ray = pytest.importorskip("ray")
+    faults = tmp_path_factory.mktemp("faults")
+    path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    env = {"POSLEAK_TEST_FAULTS": str(faults), "PYTHONPATH": path}
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": env, "worker_process_setup_hook": "ray_hooks.install"},
+    )
+    try:
+        yield faults
+    finally:
+        ray.shutdown()
+
+
+def _with_finished(out: Path, reference: Path, trials: list[Trial]) -> None:
+    """Copy finished trials (measurements and trained model) of the reference sweep into `out`."""
+    for trial in trials:
+        shutil.copytree(trial_folder(reference, trial), trial_folder(out, trial))
+        shutil.copytree(reference / "models" / trial.train_key, out / "models" / trial.train_key)
+
+
+def _finished_stamps(out: Path, trials: list[Trial]) -> dict[Path, tuple[int, int]]:
+    return file_stamps(*(trial_folder(out, trial) for trial in trials), *(out / "models" / t.train_key for t in trials))
+
+
+def _plan(faults: Path, pe: str, at: str, times: int) -> None:
+    (faults / "plan.json").write_text(json.dumps({"pe": pe, "at": at, "times": times}))
+
+
+@pytest.mark.slow
+def test_ray_retries_a_worker_killed_mid_training_from_its_checkpoint(
+    tmp_path: Path, ray_faults: Path, reference_sweep: tuple[Path, pd.DataFrame]
+) -> None:
+    """Two of three trials finished before; on Ray the third's worker is killed (SIGKILL) right after its step-2
+    checkpoint. Ray retries the task, the retry resumes from that checkpoint (the next checkpoints saved are 4 and
+    6, not 2 again), the finished trials are not touched, and the table equals the uninterrupted sweep."""
+    spec = SweepSpec.from_dict(RESUME_SWEEP)
+    trials = spec.trials()
+    _with_finished(tmp_path, reference_sweep[0], trials[:2])
+    finished = _finished_stamps(tmp_path, trials[:2])
+    _plan(ray_faults, "alibi", "checkpoint", times=1)
+    table = run_sweep(spec, tmp_path, backend="ray", progress=False)
+    assert (ray_faults / "deaths.log").read_text().splitlines() == ["alibi checkpoint"]
+    assert (ray_faults / "checkpoints.log").read_text().split() == ["2", "4", "6"]
+    assert _finished_stamps(tmp_path, trials[:2]) == finished
+    _assert_same_results(table, reference_sweep[1])
+
+
+@pytest.mark.slow
+def test_ray_worker_that_keeps_dying_fails_the_sweep_and_a_rerun_finishes_it(
+    tmp_path: Path, ray_faults: Path, reference_sweep: tuple[Path, pd.DataFrame]
+) -> None:
+    """The third trial's worker dies as its measurements start, every time, until Ray gives up: the sweep stops
+    with a one-line error naming the trial. Once the fault is gone, a rerun with that trial left to do finishes it
+    without retraining its model or touching the finished trials, and the table equals the uninterrupted sweep."""
+    spec = SweepSpec.from_dict(RESUME_SWEEP)
+    trials = spec.trials()
+    _with_finished(tmp_path, reference_sweep[0], trials[:2])
+    _plan(ray_faults, "alibi", "measure", times=100)
+    with pytest.raises(PosleakError, match=r"Ray worker died running trial pe=alibi .* rerun the same command") as err:
+        run_sweep(spec, tmp_path, backend="ray", progress=False)
+    assert "\n" not in str(err.value)
+    assert not (trial_folder(tmp_path, trials[2]) / MARKER).exists()
+    assert len((ray_faults / "deaths.log").read_text().splitlines()) > 1  # Ray retried before giving up
+    kept = _finished_stamps(tmp_path, trials[:2]) | file_stamps(tmp_path / "models" / trials[2].train_key)
+
+    (ray_faults / "plan.json").unlink()
+    table = run_sweep(spec, tmp_path, backend="ray", progress=False)
+    assert _finished_stamps(tmp_path, trials[:2]) | file_stamps(tmp_path / "models" / trials[2].train_key) == kept
+    _assert_same_results(table, reference_sweep[1])

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from browser import CHROMIUM, SKIP_REASON, check_in_chromium
+from browser import check_in_chromium, needs_chromium
 from PIL import Image
 
 from posleak.errors import PosleakError
@@ -395,6 +395,6 @@ def test_clear_partial(tmp_path: Path) -> None:
 # --- a real browser ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)
+@needs_chromium
 def test_report_in_headless_chromium(rendered: RunFolder, tmp_path: Path) -> None:
     assert check_in_chromium(rendered.report_path, tmp_path) == 4

@@ -1,6 +1,9 @@
-"""Tiny randomly initialised models of each supported family, built in code (no download)."""
+"""Tiny models built in code (no download): randomly initialised ones of each supported family, and a lab
+model whose sink heads are set by construction."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -72,3 +75,66 @@ def tiny_tokenizer(vocab_size: int = _COMMON["vocab_size"], bos: bool = True) ->
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<bos>" if bos else None, unk_token="<unk>")
+
+
+# --------------------------------------------------------------------------- a model with sink heads by construction
+
+SINK_T = 32  # sequence length the analytic sink scores below are computed for
+_SINK_C = _SINK_RHO = 8.0  # every token embedding is c·u_0 + ρ·(a unit vector), so all have one norm
+
+
+def sink_model(logits: dict[tuple[int, int], float], layers: int = 3, vocab_size: int = 32) -> PreTrainedModel:
+    """A NoPE lab model (4 heads of 16 dims, width 64) in which head (l, h) of `logits` gives key 0 the logit
+    L = logits[(l, h)] and every other key the logit 0, from every query; all other heads give every key 0.
+
+    Construction: token 0 (the BOS) embeds as c·u_0 + ρ·u_1, token t ≥ 1 as c·u_0 + ρ·v_t with v_t a unit vector
+    orthogonal to u_0 and u_1. Every attention output and MLP projection is zero, so the residual stream is the
+    embedding in every layer. In head (l, h) the query's first dimension reads u_0 (the same for every token) and
+    the key's first dimension reads u_1 (non-zero for the BOS only): s_{i,0} = L and s_{i,j} = 0 for j ≥ 1.
+    So a_{i,0} = e^L / (e^L + i) exactly, and position 0 must hold token 0 and no other position may."""
+    from posleak.lab.config import LabSpec
+    from posleak.lab.model import build_lab_model
+
+    config = LabSpec(size="tiny", pe="nope").config(vocab_size, 2 * SINK_T, bos_id=0, eos_id=None)
+    config.num_hidden_layers = layers
+    model = build_lab_model(config, seed=0).eval()
+    hidden, heads, dim = config.hidden_size, config.num_attention_heads, config.head_dim
+    rms = math.sqrt((_SINK_C**2 + _SINK_RHO**2) / hidden + config.rms_norm_eps)
+    unit = _SINK_C * _SINK_RHO / rms**2 * dim**-0.5  # the logit of weights 1 on both sides, through RMSNorm
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        rest = torch.randn(vocab_size, hidden - 2, generator=generator)
+        embedding = torch.cat([torch.zeros(vocab_size, 2), _SINK_RHO * rest / rest.norm(dim=1, keepdim=True)], dim=1)
+        embedding[:, 0] = _SINK_C
+        embedding[0, 1:] = 0.0
+        embedding[0, 1] = _SINK_RHO
+        model.model.embed_tokens.weight.copy_(embedding)
+        for layer, block in enumerate(model.model.layers):
+            block.input_layernorm.weight.fill_(1.0)
+            block.self_attn.o_proj.weight.zero_()
+            block.mlp.down_proj.weight.zero_()
+            qkv = block.self_attn.qkv_proj.weight  # rows: (q | k | v) × head × dim
+            qkv[: 2 * hidden].zero_()
+            for head in range(heads):
+                if (layer, head) in logits:
+                    qkv[head * dim, 0] = logits[(layer, head)] / unit
+                    qkv[hidden + head * dim, 1] = 1.0
+    return model
+
+
+def sink_scores(logits: dict[tuple[int, int], float], layers: int, heads: int = 4) -> torch.Tensor:
+    """The analytic α_0 of `sink_model(logits, layers)` at length SINK_T: mean over 1 ≤ i < T of e^L / (e^L + i)."""
+    i = torch.arange(1, SINK_T, dtype=torch.float64)
+    scores = torch.empty(layers, heads, dtype=torch.float64)
+    for layer in range(layers):
+        for head in range(heads):
+            weight = math.exp(logits.get((layer, head), 0.0))
+            scores[layer, head] = (weight / (weight + i)).mean()
+    return scores
+
+
+def sink_ids(num_seqs: int = 4, vocab_size: int = 32, seed: int = 0) -> torch.Tensor:
+    """Rows for `sink_model`: token 0 at position 0, tokens 1.. elsewhere."""
+    ids = torch.randint(1, vocab_size, (num_seqs, SINK_T), generator=torch.Generator().manual_seed(seed))
+    ids[:, 0] = 0
+    return ids

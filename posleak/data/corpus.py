@@ -23,6 +23,8 @@ import importlib.util
 import inspect
 import io
 import json
+import os
+import subprocess
 import sys
 import sysconfig
 import warnings
@@ -115,14 +117,29 @@ def stdlib_corpus() -> Corpus:
     """The standard library's docstrings, built once per process."""
     documents = _stdlib_documents()
     if not documents:
-        # Happens under `python -OO`, which strips docstrings.
+        # Happens when docstrings are stripped (PYTHONOPTIMIZE=2 reaches the fresh interpreter too).
         raise PosleakError(
-            "the stdlib corpus is empty (docstrings stripped, python -OO?); run without -OO or pass a text corpus"
+            "the stdlib corpus is empty (docstrings stripped, PYTHONOPTIMIZE=2?); unset it or pass a text corpus"
         )
     return make_corpus("stdlib", documents)
 
 
 def _stdlib_documents() -> list[str]:
+    """`_collect_stdlib_documents()` run in a fresh interpreter with this one's import path.
+
+    Not here: a library this process has imported may have replaced a stdlib function by its own (importing Ray
+    replaces inspect.isgenerator, so every Ray worker has), which `_defined_in` then skips, and the corpus, the
+    lab's tokenizer and every sequence cut from it would differ between processes.
+    """
+    code = (
+        "import json, sys; from posleak.data.corpus import _collect_stdlib_documents as c; json.dump(c(), sys.stdout)"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    fresh = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return json.loads(fresh.stdout)  # ASCII: json escapes the rest
+
+
+def _collect_stdlib_documents() -> list[str]:
     """One document per module: its long docstrings, in order, separated by blank lines.
 
     A single docstring is a few hundred tokens; grouping by module gives documents long enough for

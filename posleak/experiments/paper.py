@@ -388,11 +388,16 @@ def fingerprint_table(repro: Reproduction, model: str) -> pd.DataFrame:
     )
 
 
+def strongest_sink_heads(per_head: pd.DataFrame, count: int) -> pd.DataFrame:
+    """The `count` sink heads (α₀ > ε) of highest sink score, outside the model's last layer (a head there has no
+    later layers to change)."""
+    heads = per_head[(per_head["sink_score"] > SINK_THRESHOLD) & (per_head["layer"] < per_head["layer"].max())]
+    return heads.sort_values("sink_score", ascending=False).head(count)
+
+
 def sink_readers(repro: Reproduction, model: str, baseline: AnalysisResult, name: str) -> pd.DataFrame:
     """Rank the strongest sink heads by the effect of ablating their value at key 0 on later layers."""
-    heads = baseline.per_head[baseline.per_head["sink_score"] > SINK_THRESHOLD]
-    heads = heads[heads["layer"] < heads["layer"].max()]  # a head in the last layer has no later layers
-    heads = heads.sort_values("sink_score", ascending=False).head(repro.plan.sink_readers)
+    heads = strongest_sink_heads(baseline.per_head, repro.plan.sink_readers)
     config = repro.config(model)
     batch = sequences_for(repro.model(model), config)
     rows = []

@@ -184,8 +184,15 @@ def _run_on_ray(trials: Sequence[Trial], root: Path, address: str | None, progre
         with tqdm(total=len(refs), desc="trials (ray)", disable=not progress) as bar:
             while pending:
                 ready, pending = ray.wait(pending, num_returns=1)
-                # A failed task raises here; Ray's error subclasses the task's own exception type.
-                rows[index[ready[0]]] = ray.get(ready[0])
+                trial = trials[index[ready[0]]]
+                try:
+                    # A failed task raises here; Ray's error subclasses the task's own exception type.
+                    rows[index[ready[0]]] = ray.get(ready[0])
+                except ray.exceptions.WorkerCrashedError as err:  # killed (out of memory?) more often than retried
+                    raise PosleakError(
+                        f"a Ray worker died running trial {trial.name} ({trial.key}) and Ray gave up retrying it; "
+                        "finished trials are kept: rerun the same command to resume"
+                    ) from err
                 bar.update()
         return [row for row in rows if row is not None]
     finally:
