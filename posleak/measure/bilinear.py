@@ -123,55 +123,85 @@ def gram(
     block = max(32, dim)
     blocks = -(-seq_len // block)
     padded = blocks * block
-    width = num_seqs * dim
-    stacked_q = F.pad(stacked[0], (0, 0, 0, padded - seq_len)).view(kv, groups, blocks, block, width)
-    stacked_k = F.pad(stacked[1], (0, 0, 0, padded - seq_len)).view(kv, blocks, block, width)
-    whole = blocks if window is None else window // block  # key blocks α − whole + 1 .. α − 1 are all valid
     segments = len(boundaries) - 1
     out = torch.zeros(segments, kv, groups, num_seqs, num_seqs, dtype=torch.float64)
+    sq = F.pad(stacked[0], (0, 0, 0, padded - seq_len)).view(kv, groups, blocks, block, num_seqs * dim)
+    sk = F.pad(stacked[1], (0, 0, 0, padded - seq_len)).view(kv, blocks, block, num_seqs * dim)
+    _add_full_blocks(out, sq, sk, window, boundaries, num_seqs)
+    _add_partial_blocks(out, query, keys, window, boundaries, block)
+    return out.view(segments, kv * groups, num_seqs, num_seqs)
 
-    # the fully valid key blocks β ∈ [full_lo(α), α), through prefix sums of the key Grams kept while needed
-    prefixes = {0: torch.zeros(kv, width, width, dtype=torch.float64)}  # β → Σ_{β' < β} K-Gram
+
+def _add_full_blocks(
+    out: torch.Tensor,
+    sq: torch.Tensor,
+    sk: torch.Tensor,
+    window: int | None,
+    boundaries: tuple[int, ...],
+    num_seqs: int,
+) -> None:
+    """The pairs of query block α with the key blocks β ∈ [full_lo(α), α) all of whose pairs are valid:
+    ⟨Σ_{i∈α} Q_i Q_iᵀ, Σ_β Σ_{j∈β} K_j K_jᵀ⟩ per pair of sequences, the key Grams summed by a running prefix
+    (and, under a window, the prefixes still needed). One block at a time keeps the W × W products in cache;
+    a block that straddles a segment boundary is split by rows."""
+    kv, groups, blocks, block, width = sq.shape
+    dim = width // num_seqs
+    whole = blocks if window is None else window // block  # key blocks α − whole + 1 .. α − 1 are all valid
+    positions = torch.arange(blocks * block).clamp(max=boundaries[-1] - 1)  # padding rows: zero q, any segment
+    segment_of = torch.bucketize(positions, torch.tensor(boundaries), right=True) - 1
+    running = torch.zeros(kv, width, width, dtype=torch.float64)  # at block α: Σ_{β < α} K-Gram
+    history: dict[int, torch.Tensor] = {}  # β → Σ_{β' < β} K-Gram, kept for block β + whole − 1 (windows)
     for alpha in range(blocks):
+        if window is not None and whole >= 2 and alpha >= 1:
+            history[alpha] = running.clone()
         full_lo = min(max(alpha + 1 - whole, 0), alpha)
         if full_lo < alpha:
-            keys_gram = (prefixes[alpha] - prefixes[full_lo]).view(kv, 1, num_seqs, dim, num_seqs, dim)
-            rows = stacked_q[:, :, alpha]  # (KV, G, b, N·D)
-            for s in range(segments):
-                lo = max(boundaries[s] - alpha * block, 0)
-                hi = min(boundaries[s + 1] - alpha * block, block)
-                if lo < hi:
-                    part = rows[:, :, lo:hi]
-                    query_gram = (part.mT @ part).view(kv, groups, num_seqs, dim, num_seqs, dim)
-                    out[s] += (query_gram * keys_gram).sum(dim=(3, 5))
-        key_block = stacked_k[:, alpha]
-        prefixes[alpha + 1] = prefixes[alpha] + key_block.mT @ key_block
-        needed = {alpha + 1, min(max(alpha + 2 - whole, 0), alpha + 1)}  # what block α + 1 reads
-        for old in [b for b in prefixes if b not in needed]:
-            del prefixes[old]
+            key_part = running if full_lo == 0 else running - history.pop(full_lo)
+            key_part = key_part.view(kv, 1, num_seqs, dim, num_seqs, dim)
+            rows_segment = segment_of[alpha * block : (alpha + 1) * block]
+            for s in rows_segment.unique().tolist():  # one segment unless a boundary falls inside the block
+                part = sq[:, :, alpha] if rows_segment[0] == rows_segment[-1] else sq[:, :, alpha, rows_segment == s]
+                query_gram = (part.mT @ part).view(kv, groups, num_seqs, dim, num_seqs, dim)
+                out[s] += (query_gram * key_part).sum(-1).sum(3)  # the contiguous sum first: fastest
+        if alpha + 1 < blocks:
+            running += sk[:, alpha].mT @ sk[:, alpha]
 
-    # the blocks that mix valid and invalid pairs: logits per row, products per pair of sequences
+
+def _add_partial_blocks(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    window: int | None,
+    boundaries: tuple[int, ...],
+    block: int,
+) -> None:
+    """The key blocks that mix valid and invalid pairs with query block α: the diagonal block and, under a
+    window, the blocks at the window's edge. Their logits are formed (the G query heads of a KV head as one
+    product per block), the invalid ones zeroed by triangles, and multiplied per pair of sequences row by row."""
+    num_seqs, kv, groups, seq_len, dim = query.shape
+    blocks = -(-seq_len // block)
+    padded = blocks * block
+    whole = blocks if window is None else window // block
     near = [0] if window is None else [0, *range(max(whole, 1), (window + block - 2) // block + 1)]
-    # the G query heads of a KV head as one matrix per block: (N, KV, A, G·b, D) against keys (N, KV, A, b, D)
     q_blocks = F.pad(query, (0, 0, 0, padded - seq_len)).view(num_seqs, kv, groups, blocks, block, dim)
     q_blocks = q_blocks.transpose(2, 3).reshape(num_seqs, kv, blocks, groups * block, dim)
     k_blocks = F.pad(keys, (0, 0, 0, padded - seq_len)).view(num_seqs, kv, blocks, block, dim)
-    positions = torch.arange(padded).view(blocks, block)
-    alpha = torch.arange(blocks)
     per_row = torch.zeros(kv, blocks, groups, block, num_seqs, num_seqs, dtype=torch.float64)
     for delta in near:
-        beta = alpha - delta
-        i, j = positions[:, :, None], positions[beta.clamp(min=0)][:, None, :]
-        valid = (beta >= 0)[:, None, None] & (j <= i)
+        if delta >= blocks:
+            continue
+        keys_at = k_blocks[:, :, torch.arange(blocks).sub(delta).clamp(min=0)]
+        logits = (q_blocks @ keys_at.mT).view(num_seqs, kv, blocks, groups, block, block)  # row r, key column c
+        logits[:, :, :delta] = 0  # key block before position 0
+        if delta == 0:
+            logits.tril_()  # j ≤ i
         if window is not None:
-            valid &= i - j < window
-        logits = (q_blocks @ k_blocks[:, :, beta.clamp(min=0)].mT).view(num_seqs, kv, blocks, groups, block, block)
-        logits = logits * valid[:, None]
-        per_row += torch.einsum("nkagrc,mkagrc->kagrnm", logits, logits)
+            logits.triu_(delta * block - window + 1)  # i − j = δ·b + r − c < W
+        rows = logits.permute(1, 2, 3, 4, 0, 5).reshape(-1, num_seqs, block)
+        per_row += (rows @ rows.mT).view(per_row.shape)
     per_row = per_row.transpose(1, 2).reshape(kv, groups, padded, num_seqs, num_seqs)
-    for s in range(segments):
+    for s in range(len(boundaries) - 1):
         out[s] += per_row[:, :, boundaries[s] : boundaries[s + 1]].sum(2)
-    return out.view(segments, kv * groups, num_seqs, num_seqs)
 
 
 def table_sums(
