@@ -26,6 +26,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from posleak.errors import PosleakError
+from posleak.validate import natural_number
 
 PE_KINDS: tuple[str, ...] = ("rope", "nope", "alibi", "learned", "sinusoidal")
 NORMS: tuple[str, ...] = ("softmax", "sink", "sigmoid")
@@ -113,8 +114,9 @@ def parse_attention(spec: str) -> tuple[int | None, int]:
     kind, _, value = spec.partition(":")
     if kind == "causal" and not value:
         return None, 0
-    if kind in ("window", "prefix") and value.isdigit() and int(value) >= 1:
-        return (int(value), 0) if kind == "window" else (None, int(value))
+    size = natural_number(value) if kind in ("window", "prefix") else None
+    if size is not None and size >= 1:
+        return (size, 0) if kind == "window" else (None, size)
     raise PosleakError(f"unknown attention '{spec}'; use causal, window:W or prefix:P (W, P positive integers)")
 
 

@@ -51,10 +51,11 @@ from transformers import PreTrainedTokenizerFast
 
 from posleak.data.batches import TokenBatch, make_sequences
 from posleak.data.corpus import Corpus, load_corpus, make_corpus
-from posleak.errors import PosleakError
+from posleak.errors import BadInput, PosleakError
 from posleak.lab.config import LabConfig, LabSpec
 from posleak.lab.model import LabForCausalLM, build_lab_model, load_lab_model, quiet_transformers
 from posleak.lab.tokenizer import train_tokenizer
+from posleak.validate import out_folder_problems
 
 METRICS_COLUMNS = ("step", "train_loss", "val_loss", "tokens_per_s")
 # Evaluation lengths are multiples of the training length (length generalisation); a learned
@@ -227,6 +228,8 @@ def train(
     threads: int | None = 1,
 ) -> TrainResult:
     """Train (or resume, or return a finished run) into `out`; stop after step `until` when given."""
+    if problems := out_folder_problems(out):
+        raise BadInput(problems)
     with torch_threads(threads):
         return _train(spec, config, Path(out), until, progress)
 
