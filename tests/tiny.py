@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
@@ -72,3 +74,16 @@ def tiny_tokenizer(vocab_size: int = _COMMON["vocab_size"], bos: bool = True) ->
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<bos>" if bos else None, unk_token="<unk>")
+
+
+def tiny_checkpoint(folder: Path, bos: bool = True) -> Path:
+    """A tiny Llama and its word-level tokenizer saved as a real checkpoint folder (safetensors)."""
+    tiny_model("llama").save_pretrained(folder)
+    tiny_tokenizer(bos=bos).save_pretrained(folder)
+    return folder
+
+
+def word_corpus(path: Path, words: int = 4000) -> Path:
+    """A text file of `words` words of the tiny tokenizer's vocabulary (one token each, never the BOS)."""
+    path.write_text(" ".join(f"w{k % 90 + 2}" for k in range(words)))
+    return path
