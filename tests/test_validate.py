@@ -18,7 +18,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -369,36 +370,56 @@ def test_simulated_full_disk_is_one_line_and_resumes(
     assert_same_tables(out, reference_run)
 
 
-def _mount_tmpfs(folder: Path, size: str) -> bool:
+@contextmanager
+def _small_disk(folder: Path, size: str) -> Iterator[Callable[[str], None]]:
+    """A tmpfs of `size` mounted on `folder` for the block (skips the test where mounting is not allowed; root
+    in a container may); yields a function that grows it to a new size."""
     folder.mkdir()
     try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True)
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True
+        )
     except FileNotFoundError:
-        return False
-    return done.returncode == 0
+        mounted = None
+    if mounted is None or mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root); the simulated ENOSPC test covers the writers")
+
+    def grow(new_size: str) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={new_size}", str(folder)], check=True)
+
+    try:
+        yield grow
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
 
 
 @pytest.mark.parametrize(("size", "what"), [("64k", ".partial/captures/batch"), ("512k", "")])
 def test_full_file_system_is_one_line_and_resumes(
     model: Path, corpus: Path, reference_run: Path, tmp_path: Path, size: str, what: str
 ) -> None:
-    """A real, small file system (tmpfs; needs the right to mount, as root in a container has): it fills up
-    while the captures are written (64 KiB) or the tables and figures (512 KiB); once it is grown, the
-    same command resumes to the same tables."""
-    disk = tmp_path / "disk"
-    if not _mount_tmpfs(disk, size):
-        pytest.skip("cannot mount a tmpfs here (needs root); the simulated ENOSPC test covers the writers")
-    try:
-        out = disk / "run"
+    """A real, small file system: it fills up while the captures are written (64 KiB) or the tables and
+    figures (512 KiB); once it is grown, the same command resumes to the same tables."""
+    with _small_disk(tmp_path / "disk", size) as grow:
+        out = tmp_path / "disk" / "run"
         proc = run_main(*analyze_args(model, corpus, out))
         _assert_disk_full_error(proc, what)
         assert (".partial" in proc.stderr) == bool(what)  # the captures, or what is written after them
         assert not (out / LOCK).exists()
-        subprocess.run(["mount", "-o", "remount,size=8m", str(disk)], check=True)
+        grow("8m")
         assert run_main(*analyze_args(model, corpus, out)).returncode == 0
         assert_same_tables(out, reference_run)
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_full_file_system_while_training_is_one_line(tmp_path: Path) -> None:
+    """The lab trainer's checkpoint (safetensors, which wraps the OS error in its own type) on a full disk."""
+    with _small_disk(tmp_path / "disk", "64k") as grow:
+        args = ("train", "--steps", "2", "--seq-len", "16", "--out", str(tmp_path / "disk" / "model"))
+        proc = run_main(*args)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith(ERROR)]
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert len(errors) == 1 and "disk full" in errors[0] and "rerun the same command" in errors[0]
+        grow("64m")
+        assert run_main(*args).returncode == 0
 
 
 # ----------------------------------------------------------------------------------- property-based

@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for problem in err.problems:
             print(f"posleak: error: {problem}", file=sys.stderr)
         return 2
-    except OSError as err:
+    except Exception as err:  # a full disk where no writer named the file (safetensors wraps the OS error)
         if not is_disk_full(err):
             raise
         print(f"posleak: error: disk full ({err}); free space and rerun the same command to resume", file=sys.stderr)

@@ -265,26 +265,28 @@ def _train(spec: LabSpec, config: TrainConfig, out: Path, until: int | None, pro
     order = BatchOrder(rows.shape[0], config.batch_size, config.seed)
     stop = config.steps if until is None else min(until, config.steps)
     metrics: list[dict[str, float]] = state["metrics"]
-    bar = tqdm(total=stop, initial=state["step"], desc=f"train {spec.pe}/{spec.norm}", disable=not progress)
-    for step in range(state["step"], stop):
-        started = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = config.lr_at(step)
-        loss = token_losses(model, rows[order.rows(step)])[:, keep].mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
-        tokens_per_s = config.batch_size * config.seq_len / (time.perf_counter() - started)
-        train_loss = loss.item()
-        done = step + 1
-        val_loss = evaluate_loss(model, val_ids) if done % config.eval_every == 0 or done == config.steps else math.nan
-        metrics.append({"step": done, "train_loss": train_loss, "val_loss": val_loss, "tokens_per_s": tokens_per_s})
-        bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
-        bar.update()
-        if done % config.checkpoint_every == 0 or done == stop:
-            _save_checkpoint(out, identity, done, model, optimizer, metrics)
-    bar.close()
+    # the bar as a context: closed (its line ended) before an error is printed below it
+    with tqdm(total=stop, initial=state["step"], desc=f"train {spec.pe}/{spec.norm}", disable=not progress) as bar:
+        for step in range(state["step"], stop):
+            started = time.perf_counter()
+            for group in optimizer.param_groups:
+                group["lr"] = config.lr_at(step)
+            loss = token_losses(model, rows[order.rows(step)])[:, keep].mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            tokens_per_s = config.batch_size * config.seq_len / (time.perf_counter() - started)
+            train_loss = loss.item()
+            done = step + 1
+            val_loss = (
+                evaluate_loss(model, val_ids) if done % config.eval_every == 0 or done == config.steps else math.nan
+            )
+            metrics.append({"step": done, "train_loss": train_loss, "val_loss": val_loss, "tokens_per_s": tokens_per_s})
+            bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+            bar.update()
+            if done % config.checkpoint_every == 0 or done == stop:
+                _save_checkpoint(out, identity, done, model, optimizer, metrics)
     frame = pd.DataFrame(metrics, columns=list(METRICS_COLUMNS))
     if stop < config.steps:
         return TrainResult(out=out, metrics=frame, finished=False, step=stop)
