@@ -213,8 +213,22 @@ def test_other_commands_check_their_output_folder_first(model: Path, tmp_path: P
 
 
 def test_train_reports_every_bad_option_at_once(tmp_path: Path) -> None:
-    proc = run_main("train", "--steps", "0", "--attention", "window:x", "--out", str(tmp_path / "run"))
-    assert len(assert_error_lines(proc, "steps must be at least 1", "unknown attention")) == 2
+    proc = run_main("train", "--steps", "0", "--lr", "-1", "--attention", "window:x", "--rope-scaling", "ntk:0",
+                    "--out", str(tmp_path / "run"))  # fmt: skip
+    lines = assert_error_lines(proc, "steps must be at least 1", "lr -1.0", "unknown attention", "'ntk:0'")
+    assert len(lines) == 4 and not (tmp_path / "run").exists()
+
+
+def test_sweep_spec_that_is_not_yaml_is_one_line(tmp_path: Path) -> None:
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(": : :\n")
+    assert_one_line_error(run_main("sweep", str(spec), "--out", str(tmp_path / "run")), "is not valid YAML")
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs Linux's /proc, where nothing can be created")
+def test_output_folder_the_system_will_not_create(model: Path, corpus: Path) -> None:
+    """/proc looks writable to root, yet refuses new folders: the first write says so in one line."""
+    assert_one_line_error(run_main(*analyze_args(model, corpus, Path("/proc/posleak-run"))), "/proc/posleak-run")
 
 
 # ----------------------------------------------------------------------------------- partial folders and the lock

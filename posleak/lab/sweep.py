@@ -73,7 +73,8 @@ class SweepSpec:
         try:
             raw = yaml.safe_load(path.read_text())
         except yaml.YAMLError as err:
-            raise PosleakError(f"sweep spec '{path}' is not valid YAML ({err}); fix the file") from err
+            reason = " ".join(str(err).split())  # YAML's message spans lines and points with a caret
+            raise PosleakError(f"sweep spec '{path}' is not valid YAML ({reason}); fix the file") from err
         if raw is not None and not isinstance(raw, dict):
             raise PosleakError(f"sweep spec '{path}' is not a mapping of sections; write name, base, grid, seeds, eval")
         return cls.from_dict(raw if raw is not None else {}, default_name=path.stem)

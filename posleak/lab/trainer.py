@@ -85,13 +85,19 @@ class TrainConfig:
     val_fraction: float = 0.15  # of documents by hash; about 6% of the stdlib corpus's text
 
     def __post_init__(self) -> None:
-        for name in ("steps", "seq_len", "batch_size", "eval_every", "eval_seqs", "checkpoint_every"):
-            if getattr(self, name) < 1:
-                raise PosleakError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.seq_len < 2:
-            raise PosleakError(f"seq_len {self.seq_len} is too short; use at least 2")
+        problems = [
+            f"{name} must be at least 1, got {getattr(self, name)}"
+            for name in ("steps", "seq_len", "batch_size", "eval_every", "eval_seqs", "checkpoint_every")
+            if getattr(self, name) < 1
+        ]
+        if self.seq_len == 1:
+            problems.append(f"seq_len {self.seq_len} is too short; use at least 2")
+        if not self.lr > 0:
+            problems.append(f"lr {self.lr} must be positive")
         if not 0.0 < self.val_fraction < 1.0:
-            raise PosleakError(f"val_fraction {self.val_fraction} must lie strictly between 0 and 1")
+            problems.append(f"val_fraction {self.val_fraction} must lie strictly between 0 and 1")
+        if problems:
+            raise BadInput(problems)
 
     def lr_at(self, step: int) -> float:
         """Linear warm-up over warmup_steps, then cosine from lr down to lr·min_lr_ratio at the last step."""

@@ -240,7 +240,7 @@ class RunFolder:
     def lock(self) -> Iterator[None]:
         """Hold the folder for this process for the block; refuses (naming the holder) when another holds it."""
         path = self.path / LOCK
-        with disk_full_as_error(path):
+        with disk_full_as_error(path), _cannot_write(self.path):
             self.path.mkdir(parents=True, exist_ok=True)
             fd = _locked_file(path)
             try:
@@ -311,6 +311,15 @@ class RunFolder:
         )
         self.clear_partial()
         return path
+
+
+@contextmanager
+def _cannot_write(folder: Path) -> Iterator[None]:
+    """An OS refusal to create or open files in `folder` (the first writes of a run) as one PosleakError."""
+    try:
+        yield
+    except OSError as err:
+        raise PosleakError(f"cannot write in {folder} ({err.strerror}); choose another --out") from None
 
 
 def _now() -> str:
