@@ -2,15 +2,18 @@
 
 The flow in one function: sequences → forward passes with posleak's attention, capturing each layer's q,
 k and log Z (capture/store.py) and the position-0 residual states → one pass over each layer's logits that
-measures it (measure/decomposition.py) → tables, figures, report, manifest. Every finished batch and every
-measured layer is kept in the run folder's `.partial/`, so an interrupted run, rerun with the same
-arguments, resumes where it stopped.
+measures it (measure/decomposition.py) → tables, figures, report, manifest. Before any of it, `analyze`
+checks every option against the model and the output folder (`checked_input`) and refuses all problems
+at once. Every finished batch and every measured layer is kept in the run folder's `.partial/`, so an
+interrupted run, rerun with the same arguments, resumes where it stopped; one process at a time holds
+the folder.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import tempfile
 import time
 from collections.abc import Iterator
@@ -34,19 +37,24 @@ from posleak.capture import (
 )
 from posleak.capture.residual import ClosedSystemReport
 from posleak.capture.store import CaptureFolder, QKRecorder
-from posleak.data.batches import TokenBatch, iter_batches, load_token_file, make_sequences
+from posleak.data.batches import BOS_POLICIES, TokenBatch, iter_batches, load_token_file, make_sequences, shape_problems
 from posleak.data.corpus import load_corpus
-from posleak.errors import PosleakError
+from posleak.errors import BadInput, PosleakError
 from posleak.intervene import Interventions
 from posleak.measure import LAYER_MAGNITUDES, Decomposition, Grid, LayerResult, MeasureSpec, measure_layer
 from posleak.measure.position0 import fingerprint_constancy
 from posleak.models.load import LoadedModel, load_model
 from posleak.report import figures
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
-from posleak.report.runfolder import MANIFEST, RunFolder, TokenCount, provenance
+from posleak.report.runfolder import COMPLETE, RunFolder, TokenCount, provenance
+from posleak.validate import Problems, out_folder_problems
 
 # Profile tables on the exact grid grow as T²·heads·layers rows: refused beyond this length.
 EXACT_TABLES_UP_TO = 256
+# The noise correction compares two halves of the sequences and the bootstrap resamples them.
+MIN_SEQS = 2
+MAX_RESAMPLES = 100_000  # percentile intervals settle long before; each resample holds N weights in memory
+SEEDS = 2**32
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,37 @@ class AnalyzeConfig:
     seed: int = 0
     bootstrap: int = 200
     interventions: Interventions = field(default_factory=Interventions)
+
+    def problems(self, seq_len: int, num_seqs: int | None) -> list[str]:
+        """What is wrong with these options for `num_seqs` sequences (None: any number) of `seq_len` tokens,
+        before any model is asked (the interventions are checked on their own, `Interventions.problems`)."""
+        found = []
+        if num_seqs is not None and num_seqs < MIN_SEQS:
+            found.append(
+                f"{num_seqs} sequence(s) are too few: the noise correction of the residual-stream magnitude "
+                f"compares two halves of the sequences and its intervals resample them, so both need at least "
+                f"{MIN_SEQS}; use --num-seqs {MIN_SEQS} or more (or {MIN_SEQS}+ rows in a token file)"
+            )
+        if self.batch_size < 1:
+            found.append(f"--batch-size {self.batch_size} is below 1; use a batch size of at least 1")
+        if self.early < 2:
+            found.append(f"--early {self.early} leaves no early queries (1 ≤ i < K); use K ≥ 2")
+        if not 0 <= self.bootstrap <= MAX_RESAMPLES:
+            found.append(
+                f"--bootstrap {self.bootstrap} is out of range; use 0 (no intervals) up to {MAX_RESAMPLES} resamples"
+            )
+        if not 0 <= self.seed < SEEDS:
+            found.append(f"--seed {self.seed} is out of range; use a seed from 0 to {SEEDS - 1}")
+        if self.bos not in BOS_POLICIES:
+            found.append(f"unknown --bos {self.bos!r}; use one of {', '.join(BOS_POLICIES)}")
+        if self.grid not in ("coarse", "exact"):
+            found.append(f"unknown --grid {self.grid!r}; use coarse or exact")
+        if self.grid == "exact" and seq_len > EXACT_TABLES_UP_TO:
+            found.append(
+                f"--grid exact writes one table row per (query, offset) pair and head, too many at T = {seq_len}; "
+                f"use --grid coarse (the magnitudes are the same on every grid) or T ≤ {EXACT_TABLES_UP_TO}"
+            )
+        return found
 
 
 @dataclass
@@ -96,17 +135,100 @@ def analyze(
     trust_remote_code: bool = False,
     progress: bool = True,
 ) -> AnalysisResult:
-    """Load the model `spec` (built-in name, folder, hub id), make the sequences, and analyse."""
-    if out is not None and (Path(out) / MANIFEST).exists() and RunFolder(Path(out)).is_complete:
+    """Load the model `spec` (built-in name, folder, hub id), make the sequences, and analyse.
+
+    Every problem with the input is refused at once (BadInput) before anything runs or is written."""
+    if out is not None and finished_here(RunFolder(Path(out)), spec, config):
         return AnalysisResult.read(RunFolder(Path(out)))  # finished before: skip loading the model
-    loaded = load_for(spec, config.interventions, trust_remote_code)
-    batch = sequences_for(loaded, config)
+    loaded, batch = checked_input(spec, config, out, trust_remote_code)
+    loaded = load_for(spec, config.interventions, trust_remote_code, base=loaded)
     return analyze_model(loaded.model, batch, config, out=out, loaded=loaded, progress=progress)
 
 
-def load_for(spec: str, interventions: Interventions, trust_remote_code: bool = False) -> LoadedModel:
-    """The model with the load-time interventions (RoPE scaling) applied to its config."""
-    loaded = load_model(spec, trust_remote_code=trust_remote_code)
+def finished_here(run: RunFolder, spec: str, config: AnalyzeConfig, command: str | None = None) -> bool:
+    """Whether `run` holds this run of `command` (None: analyze), finished: judged by the model spec and the
+    options it recorded, so that a finished run is read back without loading the model."""
+    if not run.is_complete:
+        return False
+    args = run.read_manifest().get("args") or {}
+    same_config = args.get("config") == json.loads(json.dumps(dataclasses.asdict(config)))
+    return same_config and args.get("model") == spec and args.get("command") == command
+
+
+def checked_input(
+    spec: str, config: AnalyzeConfig, out: Path | str | None, trust_remote_code: bool = False
+) -> tuple[LoadedModel, TokenBatch]:
+    """The model (without load-time interventions) and the sequences of `analyze`, once every option has
+    been checked against the others, the model's facts and the output folder; BadInput lists every problem.
+    Nothing is run on the model and nothing is written."""
+    problems = Problems()
+    if out is not None:
+        problems.extend(out_folder_problems(out))
+    loaded = checked_model(problems, spec, trust_remote_code)
+    batch = checked_sequences(problems, loaded, config)
+    if loaded is not None and batch is not None:
+        problems.extend(token_file_bos_problems(loaded, batch, config))
+    problems.extend(config.interventions.problems(loaded, None if batch is None else batch.bos_id is not None))
+    if out is not None and loaded is not None and batch is not None and not problems.found:
+        with problems.collecting():
+            RunFolder(Path(out)).state(run_args(loaded.name, loaded, batch, config))
+    problems.raise_any()
+    assert loaded is not None and batch is not None  # no problem found, so both were made
+    return loaded, batch
+
+
+def checked_model(problems: Problems, spec: str, trust_remote_code: bool) -> LoadedModel | None:
+    """The model `spec` without load-time interventions; None, with the reason in `problems`, if it will not load."""
+    with problems.collecting():
+        return load_model(spec, trust_remote_code=trust_remote_code)
+    return None
+
+
+def checked_sequences(problems: Problems, loaded: LoadedModel | None, config: AnalyzeConfig) -> TokenBatch | None:
+    """The sequences of `config` for `loaded` (None: it did not load), adding what stops them and every problem
+    of the options for their shape to `problems`; None when they cannot be made."""
+    if config.tokens is not None:
+        batch = None
+        with problems.collecting():
+            batch = sequences_for(loaded, config) if loaded is not None else load_token_file(config.tokens)
+        if batch is not None:
+            problems.extend(config.problems(batch.seq_len, batch.num_seqs))
+        return batch
+    options = config.problems(config.seq_len, config.num_seqs)
+    options += shape_problems(config.seq_len, None, loaded.facts.max_positions if loaded is not None else None)
+    problems.extend(options)
+    if loaded is None or options:
+        with problems.collecting():
+            load_corpus(config.corpus)  # the corpus's own problems, at least
+        return None
+    with problems.collecting():
+        return sequences_for(loaded, config)
+    return None
+
+
+def token_file_bos_problems(loaded: LoadedModel, batch: TokenBatch, config: AnalyzeConfig) -> list[str]:
+    """A token file is taken verbatim: --bos can only state what its first column holds."""
+    bos = loaded.tokenizer.bos_token_id
+    if config.bos == "on" and batch.bos_id is None:
+        has = f"the tokenizer's BOS id {bos}" if bos is not None else "a BOS (the tokenizer has none)"
+        return [
+            f"--bos on with --tokens: the rows of {batch.source_name} do not all start with {has}; a token file is "
+            "taken verbatim, so put the BOS in its first column or drop --bos on"
+        ]
+    if config.bos == "off" and batch.bos_id is not None:
+        return [
+            f"--bos off with --tokens: every row of {batch.source_name} starts with the BOS id {bos}; a token file "
+            "is taken verbatim, so remove that column or drop --bos off"
+        ]
+    return []
+
+
+def load_for(
+    spec: str, interventions: Interventions, trust_remote_code: bool = False, base: LoadedModel | None = None
+) -> LoadedModel:
+    """The model with the load-time interventions (RoPE scaling) applied to its config (`base`: the model
+    already loaded without them)."""
+    loaded = base if base is not None else load_model(spec, trust_remote_code=trust_remote_code)
     overrides = interventions.config_overrides(loaded.model.config)
     if overrides:
         loaded = load_model(spec, trust_remote_code=trust_remote_code, config_overrides=overrides)
@@ -116,7 +238,9 @@ def load_for(spec: str, interventions: Interventions, trust_remote_code: bool = 
 def sequences_for(loaded: LoadedModel, config: AnalyzeConfig) -> TokenBatch:
     max_len = loaded.facts.max_positions
     if config.tokens is not None:
-        return load_token_file(config.tokens, vocab_size=loaded.model.config.vocab_size, max_len=max_len)
+        return load_token_file(
+            config.tokens, vocab_size=loaded.facts.vocab_size, max_len=max_len, bos_id=loaded.tokenizer.bos_token_id
+        )
     return make_sequences(
         load_corpus(config.corpus),
         loaded.tokenizer,
@@ -148,12 +272,30 @@ def analyze_model(
     """
     tokenizer = loaded.tokenizer if loaded is not None else tokenizer
     model_id = loaded.name if loaded is not None else (model_id or type(model).__name__)
-    table_grid = tables_grid(config, batch.seq_len)
-    run = RunFolder(Path(out)) if out is not None else None
-    args = _run_args(model_id, loaded, batch, config)
-    if run is not None and run.begin(args) == "complete":
-        return AnalysisResult.read(run)
+    # Any N: with one sequence the noise-corrected magnitudes are NaN (docs/method.md §3); the commands,
+    # `analyze` and `intervene`, refuse that before loading anything.
+    if problems := config.problems(batch.seq_len, None):
+        raise BadInput(problems)
+    if out is None:
+        return _analyze(model, batch, config, None, loaded, model_id, tokenizer, progress)
+    run = RunFolder(Path(out))
+    with run.claim(run_args(model_id, loaded, batch, config)) as state:  # one process at a time
+        if state == COMPLETE:
+            return AnalysisResult.read(run)
+        return _analyze(model, batch, config, run, loaded, model_id, tokenizer, progress)
 
+
+def _analyze(
+    model: PreTrainedModel,
+    batch: TokenBatch,
+    config: AnalyzeConfig,
+    run: RunFolder | None,
+    loaded: LoadedModel | None,
+    model_id: str,
+    tokenizer: PreTrainedTokenizerBase | None,
+    progress: bool,
+) -> AnalysisResult:
+    table_grid = tables_grid(config, batch.seq_len)
     started = time.perf_counter()
     with _capture_folder(run) as captures:
         sink_heads = _capture(model, batch, config, captures, tokenizer, model_id, progress)
@@ -217,7 +359,8 @@ def _capture(
     recorder = QKRecorder(captures)
     layers = model.config.get_text_config(decoder=True).num_hidden_layers
     session = CaptureSession([recorder, LayerProgress(bar, layers)], edits=interventions.attention_edits(sink_heads))
-    with interventions.applied(model, tokenizer, bos_at_0=batch.bos_id is not None):
+    # the bar as a context: closed (its line ended) before an error is printed below it
+    with bar, interventions.applied(model, tokenizer, bos_at_0=batch.bos_id is not None):
         for index in todo:
             seq_index, ids = chunks[index]
             recorder.batch = index
@@ -227,7 +370,6 @@ def _capture(
             _check_finite(pos0, model_id)
             captures.finish_batch(index, seq_index, {"pos0": pos0})
             bar.update(1)
-    bar.close()
     return sink_heads
 
 
@@ -236,15 +378,16 @@ def _measure(
 ) -> list[LayerResult]:
     """Measure every layer from its captures; each finished layer is kept for a resume."""
     results = []
-    for layer in tqdm(captures.layers(), desc=f"measure {model_id}", unit="layer", disable=not progress):
-        state = run.load_partial(f"layer{layer}") if run is not None else None
-        if state is None:
-            result = measure_layer(captures.layer(layer), spec)
-            if run is not None:
-                run.save_partial(f"layer{layer}", result.state())
-        else:
-            result = LayerResult.from_state(state, spec)
-        results.append(result)
+    with tqdm(captures.layers(), desc=f"measure {model_id}", unit="layer", disable=not progress) as layers:
+        for layer in layers:
+            state = run.load_partial(f"layer{layer}") if run is not None else None
+            if state is None:
+                result = measure_layer(captures.layer(layer), spec)
+                if run is not None:
+                    run.save_partial(f"layer{layer}", result.state())
+            else:
+                result = LayerResult.from_state(state, spec)
+            results.append(result)
     return results
 
 
@@ -260,7 +403,7 @@ class LayerProgress:
         self.bar.set_postfix_str(f"layer {call.layer + 1}/{self.layers}", refresh=True)
 
 
-def _run_args(model_id: str, loaded: LoadedModel | None, batch: TokenBatch, config: AnalyzeConfig) -> dict[str, Any]:
+def run_args(model_id: str, loaded: LoadedModel | None, batch: TokenBatch, config: AnalyzeConfig) -> dict[str, Any]:
     """What the resume fingerprint covers: the model file, the exact tokens, and every option."""
     return {
         "model": model_id,
@@ -310,12 +453,8 @@ def _tables(decomposition: Decomposition, pos0_states: torch.Tensor, closed: Clo
 
 
 def tables_grid(config: AnalyzeConfig, seq_len: int) -> Grid:
-    """The grid the profile and offset-map tables are written on; the magnitudes never depend on it."""
-    if config.grid == "exact" and seq_len > EXACT_TABLES_UP_TO:
-        raise PosleakError(
-            f"--grid exact writes one table row per (query, offset) pair and head, too many at T = {seq_len}; "
-            f"use --grid coarse (the magnitudes are the same on every grid) or T ≤ {EXACT_TABLES_UP_TO}"
-        )
+    """The grid the profile and offset-map tables are written on (T ≤ EXACT_TABLES_UP_TO for the exact grid,
+    `AnalyzeConfig.problems`); the magnitudes never depend on it."""
     return Grid(seq_len, "exact" if config.grid == "exact" else "coarse")
 
 

@@ -19,6 +19,9 @@ from posleak.measure import LAYER_MAGNITUDES
 from posleak.report import figures
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
 from posleak.report.runfolder import RunFolder
+from posleak.validate import Problems, out_folder_problems
+
+KIND = "comparison"  # the manifest's `kind`: an --out that holds one may be written again
 
 
 @dataclass(frozen=True)
@@ -54,17 +57,18 @@ def summarise(label: str, per_layer: pd.DataFrame) -> dict[str, float | str]:
 
 
 def compare_runs(runs: Sequence[Path | str], *, out: Path | str, labels: Sequence[str] | None = None) -> pd.DataFrame:
-    """Read finished runs, write `comparison.parquet`, one figure per measure and a report into `out`."""
+    """Read finished runs, write `comparison.parquet`, one figure per measure and a report into `out`.
+
+    Every problem with the input (unfinished runs, labels, the output folder) is refused at once, before
+    anything is written."""
     folders = [RunFolder(Path(run)) for run in runs]
-    for folder in folders:
-        if not folder.is_complete:
-            raise PosleakError(f"{folder.path} is not a finished posleak run; run posleak analyze into it first")
+    target = RunFolder(Path(out))
+    _check(folders, target, labels)
     labels = list(labels) if labels else [_label(folder) for folder in folders]
     if len(set(labels)) != len(labels):
         labels = [f"{label} ({folder.path.name})" for label, folder in zip(labels, folders, strict=True)]
     tables = {label: folder.read_table("per_layer") for label, folder in zip(labels, folders, strict=True)}
     summary = pd.DataFrame([summarise(label, table) for label, table in tables.items()])
-    target = RunFolder(Path(out))
     target.write_table("comparison", summary)
     paths = [
         figures.lines_by_run(
@@ -77,7 +81,11 @@ def compare_runs(runs: Sequence[Path | str], *, out: Path | str, labels: Sequenc
         )
         for measure in LAYER_MAGNITUDES
     ]
-    manifest = {"status": "complete", "runs": {label: str(f.path) for label, f in zip(labels, folders, strict=True)}}
+    manifest = {
+        "status": "complete",
+        "kind": KIND,
+        "runs": {label: str(f.path) for label, f in zip(labels, folders, strict=True)},
+    }
     section = Section(
         "Architecture comparison",
         "Per-layer magnitudes against relative depth (layer / (L − 1)); slope and Spearman ρ of the "
@@ -88,6 +96,30 @@ def compare_runs(runs: Sequence[Path | str], *, out: Path | str, labels: Sequenc
     render_report(target, "posleak compare", [section], manifest=manifest)
     target.write_manifest(manifest)
     return summary
+
+
+def _check(folders: list[RunFolder], target: RunFolder, labels: Sequence[str] | None) -> None:
+    problems = Problems()
+    for folder in folders:
+        with problems.collecting():
+            folder.require_complete()
+    if labels and len(labels) != len(folders):
+        problems.add(f"--labels gives {len(labels)} label(s) for {len(folders)} run(s); give one label per run")
+    problems.extend(out_folder_problems(target.path))
+    if any(target.path.resolve() == folder.path.resolve() for folder in folders):
+        problems.add(f"--out {target.path} is one of the runs being compared; choose another folder")
+    elif target.path.is_dir() and any(target.path.iterdir()) and not _is_comparison(target):
+        problems.add(
+            f"--out {target.path} holds other files (not an earlier comparison); choose another --out or delete it"
+        )
+    problems.raise_any()
+
+
+def _is_comparison(folder: RunFolder) -> bool:
+    try:
+        return folder.read_manifest().get("kind") == KIND
+    except PosleakError:
+        return False
 
 
 def _label(folder: RunFolder) -> str:

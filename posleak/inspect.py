@@ -40,7 +40,15 @@ def inspect_model(
         position0[policy] = (
             {"id": token, "text": tokenizer.decode([token])} if token is not None else "first content token"
         )
-    batch = make_sequences(load_corpus(DEFAULT_CORPUS), tokenizer, seq_len, num_seqs, bos="auto", seed=0)
+    batch = make_sequences(
+        load_corpus(DEFAULT_CORPUS),
+        tokenizer,
+        seq_len,
+        num_seqs,
+        bos="auto",
+        seed=0,
+        max_len=loaded.facts.max_positions,
+    )
     stats = QueryStats(entropy=False)
     session = CaptureSession([stats])
     chunks = list(iter_batches(batch, batch_size))

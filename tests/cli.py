@@ -1,11 +1,15 @@
-"""Run the `posleak` command line in a fresh interpreter, as a user would, and check its errors."""
+"""Run the `posleak` command line as a user would (a fresh interpreter) or in this process, and check its errors."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+ERROR = "posleak: error: "
 
 
 def run_cli(*args: str, cache: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -16,11 +20,25 @@ def run_cli(*args: str, cache: Path | None = None) -> subprocess.CompletedProces
     )
 
 
+def run_main(*args: str) -> subprocess.CompletedProcess[str]:
+    """`posleak ARGS` through `posleak.cli.main` in this process: what `run_cli` runs once the interpreter has
+    started, without the seconds that importing torch takes. An exception that escapes fails the test."""
+    from posleak.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exit_:  # argparse
+            code = exit_.code if isinstance(exit_.code, int) else 1
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
 def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
     """Exit status 2, exactly one line on stderr starting `posleak: error:`, no traceback."""
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("posleak: error: "), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith(ERROR), proc.stderr
     assert "Traceback" not in proc.stderr
     for needle in needles:
         assert needle in lines[0], lines[0]
@@ -35,3 +53,15 @@ def file_stamps(*folders: Path) -> dict[Path, tuple[int, int]]:
         for path in sorted(folder.rglob("*"))
         if path.is_file()
     }
+
+
+def assert_error_lines(proc: subprocess.CompletedProcess[str], *needles: str) -> list[str]:
+    """Exit status 2, every line on stderr a `posleak: error:` line (one per problem), no traceback; each needle
+    in some line. Returns the lines."""
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines and all(line.startswith(ERROR) for line in lines), proc.stderr
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert any(needle in line for line in lines), (needle, lines)
+    return lines

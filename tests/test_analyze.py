@@ -13,7 +13,7 @@ import pytest
 import torch
 from cli import assert_one_line_error, run_cli
 from reference import LogitRecorder, assert_close, grid_edges, table_errors
-from tiny import tiny_model, tiny_tokenizer
+from tiny import tiny_checkpoint, tiny_model, word_corpus
 
 from posleak import analyze as analyze_module
 from posleak.analyze import AnalysisResult, AnalyzeConfig, analyze_model, sequences_for
@@ -125,7 +125,9 @@ def test_interrupted_run_resumes_without_redoing_work(
     monkeypatch.setattr(*target, _interrupting(stage, after, counts))
     with pytest.raises(KeyboardInterrupt):
         _tiny_run(tmp_path / "run")
-    assert not (tmp_path / "run" / "manifest.json").exists()  # nothing that looks finished
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["status"] == "partial"  # marked unfinished, and the lock was let go
+    assert not (tmp_path / "run" / ".lock").exists()
     counts[stage] = 0
     resumed = _tiny_run(tmp_path / "run")
     assert counts[stage] == redone
@@ -248,18 +250,15 @@ def test_inspect_missing_path_is_one_line(tmp_path: Path) -> None:
 def test_sequence_longer_than_the_model_allows(smollm2: LoadedModel, tmp_path: Path) -> None:
     out = tmp_path / "run"
     assert_one_line_error(
-        run_cli("analyze", "smollm2-135m", "--seq-len", "100000", "--num-seqs", "1", "--out", str(out)), "100000"
+        run_cli("analyze", "smollm2-135m", "--seq-len", "100000", "--num-seqs", "2", "--out", str(out)), "100000"
     )
     assert not out.exists() or not any(out.iterdir())
 
 
 def test_bos_on_without_a_bos_token(tmp_path: Path) -> None:
     """A real checkpoint folder on disk whose tokenizer has no BOS token."""
-    folder = tmp_path / "no-bos-model"
-    tiny_model("llama").save_pretrained(folder)
-    tiny_tokenizer(bos=False).save_pretrained(folder)
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(" ".join(f"w{k % 90 + 2}" for k in range(2000)))
+    folder = tiny_checkpoint(tmp_path / "no-bos-model", bos=False)
+    corpus = word_corpus(tmp_path / "corpus.txt", words=2000)
     out = tmp_path / "run"
     args = ["analyze", str(folder), "--bos", "on", "--corpus", str(corpus), "--seq-len", "32", "--out", str(out)]
     assert_one_line_error(run_cli(*args), "BOS")

@@ -206,7 +206,7 @@ def test_bad_intervention_options_are_one_line_errors() -> None:
     with pytest.raises(PosleakError, match="rope-scaling"):
         Interventions(rope_scaling="ntk:abc").config_overrides(tiny_model("llama").config)
     with pytest.raises(PosleakError, match="--window"):
-        Interventions(window="wide")
+        Interventions(window="wide").attention_edits()
     with pytest.raises(PosleakError, match="ablate-sink-values"):
         Interventions(ablate_sink_values="3").attention_edits()
 

@@ -4,6 +4,7 @@ model whose sink heads are set by construction."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -138,3 +139,16 @@ def sink_ids(num_seqs: int = 4, vocab_size: int = 32, seed: int = 0) -> torch.Te
     ids = torch.randint(1, vocab_size, (num_seqs, SINK_T), generator=torch.Generator().manual_seed(seed))
     ids[:, 0] = 0
     return ids
+
+
+def tiny_checkpoint(folder: Path, bos: bool = True) -> Path:
+    """A tiny Llama and its word-level tokenizer saved as a real checkpoint folder (safetensors)."""
+    tiny_model("llama").save_pretrained(folder)
+    tiny_tokenizer(bos=bos).save_pretrained(folder)
+    return folder
+
+
+def word_corpus(path: Path, words: int = 4000) -> Path:
+    """A text file of `words` words of the tiny tokenizer's vocabulary (one token each, never the BOS)."""
+    path.write_text(" ".join(f"w{k % 90 + 2}" for k in range(words)))
+    return path

@@ -1,7 +1,9 @@
 """The `posleak` command line: one module per subcommand group, each with `add_parser`.
 
 Every subcommand mirrors a Python API function; the modules here only parse arguments, call it,
-and print. A `PosleakError` becomes one line on stderr and exit status 2.
+and print. Every problem with the input, from argparse or from a command's validation, becomes one
+`posleak: error:` line on stderr and exit status 2; so does a full disk. Anything else is a bug and
+keeps its traceback.
 """
 
 from __future__ import annotations
@@ -9,14 +11,22 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
-from posleak.errors import PosleakError
+from posleak.errors import PosleakError, is_disk_full
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors as one `posleak: error:` line (the usage is one `-h` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"posleak: error: {self.prog}: {message} (see {self.prog} -h)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from posleak.cli import analyze, lab, models
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="posleak",
         description="Where does absolute position in a decoder's attention come from?",
     )
@@ -36,7 +46,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except PosleakError as err:
-        print(f"posleak: error: {err}", file=sys.stderr)
+        for problem in err.problems:
+            print(f"posleak: error: {problem}", file=sys.stderr)
+        return 2
+    except Exception as err:  # a full disk where no writer named the file (safetensors wraps the OS error)
+        if not is_disk_full(err):
+            raise
+        print(f"posleak: error: disk full ({err}); free space and rerun the same command to resume", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("posleak: interrupted; rerun the same command to resume", file=sys.stderr)

@@ -12,6 +12,7 @@ from posleak.lab.config import NORMS, PE_KINDS, SIZES, LabSpec
 from posleak.lab.sweep import BACKENDS, SweepSpec, run_sweep
 from posleak.lab.trainer import TrainConfig, train
 from posleak.lab.trial import EvalConfig
+from posleak.validate import Problems, out_folder_problems
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -85,31 +86,42 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
 
 
 def _train(args: argparse.Namespace) -> int:
-    spec = LabSpec(
-        size=args.size,
-        pe=args.pe,
-        attention=args.attention,
-        norm=args.norm,
-        bos=args.bos == "on",
-        rope_base=args.rope_base,
-        rope_scaling=args.rope_scaling,
-        rotary_fraction=args.rotary_fraction,
-    )
-    result = train(spec, _train_config(args), Path(args.out), threads=args.threads)
+    problems = Problems()
+    with problems.collecting():
+        spec = LabSpec(
+            size=args.size,
+            pe=args.pe,
+            attention=args.attention,
+            norm=args.norm,
+            bos=args.bos == "on",
+            rope_base=args.rope_base,
+            rope_scaling=args.rope_scaling,
+            rotary_fraction=args.rotary_fraction,
+        )
+    with problems.collecting():
+        config = _train_config(args)
+    problems.extend(out_folder_problems(args.out))
+    problems.raise_any()
+    result = train(spec, config, Path(args.out), threads=args.threads)
     last = result.metrics.dropna(subset=["val_loss"]).iloc[-1]
     print(f"trained {result.step} steps: val loss {last['val_loss']:.4f} → {result.out}")
     return 0
 
 
 def _lab(args: argparse.Namespace) -> int:
-    config = LabRun(
-        size=args.size,
-        bos=args.bos == "on",
-        train=_train_config(args),
-        eval=EvalConfig(),
-        variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()),
-        ntk_factor=args.ntk_factor,
-    )
+    problems = Problems()
+    with problems.collecting():
+        train_config = _train_config(args)
+        config = LabRun(
+            size=args.size,
+            bos=args.bos == "on",
+            train=train_config,
+            eval=EvalConfig(),
+            variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()),
+            ntk_factor=args.ntk_factor,
+        )
+    problems.extend(out_folder_problems(args.out))
+    problems.raise_any()
     table = run_lab(config, args.out, backend=args.backend, address=args.address, jobs=args.jobs)
     print(
         table[["variant", "ppl_1x", "ppl_2x", "ppl_4x", "probe_r2_best", "mask_all", "resid_all"]].to_string(
@@ -121,7 +133,11 @@ def _lab(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    spec = SweepSpec.read(args.spec)
+    problems = Problems()
+    with problems.collecting():
+        spec = SweepSpec.read(args.spec)
+    problems.extend(out_folder_problems(args.out))
+    problems.raise_any()
     table = run_sweep(spec, args.out, backend=args.backend, address=args.address, jobs=args.jobs)
     print(f"{len(table)} trials → {Path(args.out) / 'sweep.parquet'}, report: {Path(args.out) / 'report.html'}")
     return 0

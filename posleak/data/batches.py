@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from posleak.data.corpus import Corpus
-from posleak.errors import PosleakError
+from posleak.errors import BadInput, PosleakError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -40,7 +40,7 @@ class TokenBatch:
 
     ids: torch.Tensor  # LongTensor N×T
     bos_policy: str  # as requested: auto, on, off, or verbatim for a token file
-    bos_id: int | None  # the BOS put at position 0 of every row; None when none was put there
+    bos_id: int | None  # the BOS at position 0 of every row (put there, or found in a token file); else None
     pos0_token_ids: torch.Tensor  # LongTensor N: the token actually at position 0 of each row
     source: str  # corpus fingerprint or SHA-256 of the token file
     source_name: str  # corpus name or token file path
@@ -143,16 +143,25 @@ def make_sequences(
 
 
 def _check_shape(seq_len: int, num_seqs: int, max_len: int | None) -> None:
+    problems = shape_problems(seq_len, num_seqs, max_len)
+    if problems:
+        raise BadInput(problems)
+
+
+def shape_problems(seq_len: int, num_seqs: int | None, max_len: int | None) -> list[str]:
+    """What is wrong with asking for `num_seqs` (None: not checked) rows of `seq_len` tokens."""
+    problems = []
     # Position 0 alone says nothing about position; every measurement needs a query i ≥ 1.
     if seq_len < 2:
-        raise PosleakError(f"sequence length {seq_len} is too short; use a seq_len of at least 2")
-    if num_seqs < 1:
-        raise PosleakError(f"number of sequences {num_seqs} is below 1; ask for at least one sequence")
+        problems.append(f"sequence length {seq_len} is too short; use a seq_len of at least 2")
+    if num_seqs is not None and num_seqs < 1:
+        problems.append(f"number of sequences {num_seqs} is below 1; ask for at least one sequence")
     if max_len is not None and seq_len > max_len:
-        raise PosleakError(
+        problems.append(
             f"sequence length {seq_len} is longer than the model allows ({max_len} positions); "
             f"lower seq_len to at most {max_len}"
         )
+    return problems
 
 
 def _token_streams(corpus: Corpus, tokenizer: PreTrainedTokenizerBase, cross_documents: bool) -> list[list[int]]:
@@ -196,24 +205,32 @@ def _too_short(
     )
 
 
-def load_token_file(path: str | Path, vocab_size: int | None = None, max_len: int | None = None) -> TokenBatch:
-    """A `.npy` integer array N×T taken verbatim: no BOS added or removed, no windows chosen."""
+def load_token_file(
+    path: str | Path, vocab_size: int | None = None, max_len: int | None = None, bos_id: int | None = None
+) -> TokenBatch:
+    """A `.npy` integer array N×T taken verbatim: no BOS added or removed, no windows chosen.
+
+    When every row starts with `bos_id` (the tokenizer's BOS), the batch records it as a BOS at position 0,
+    as if the BOS policy had put it there.
+    """
     path = Path(path)
     if not path.is_file():
         raise PosleakError(f"token file '{path}' does not exist; pass a .npy file of token ids (N×T)")
     try:
         array = np.load(path, allow_pickle=False)
-    except (ValueError, OSError) as err:
+    except (ValueError, OSError, EOFError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise PosleakError(
-            f"token file '{path}' is not a readable .npy array ({err}); save it with numpy.save"
+            f"token file '{path}' is not a readable .npy array ({reason}); save it with numpy.save"
         ) from err
     _check_token_array(path, array, vocab_size)
     _check_shape(array.shape[1], array.shape[0], max_len)
     ids = torch.from_numpy(array.astype(np.int64))
+    found_bos = bos_id is not None and bool((ids[:, 0] == bos_id).all())
     return TokenBatch(
         ids=ids,
         bos_policy=VERBATIM,
-        bos_id=None,
+        bos_id=bos_id if found_bos else None,
         pos0_token_ids=ids[:, 0].clone(),
         source=hashlib.sha256(path.read_bytes()).hexdigest(),
         source_name=str(path),

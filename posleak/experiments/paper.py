@@ -27,6 +27,7 @@ from posleak.capture import CaptureSession, ResidualCapture
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.compare import summarise
 from posleak.data.batches import TokenBatch, iter_batches
+from posleak.errors import BadInput
 from posleak.intervene import Interventions
 from posleak.intervene.effect import OVERALL, effect_table, without_bos
 from posleak.measure.position0 import fingerprint_constancy
@@ -34,6 +35,7 @@ from posleak.models.load import LoadedModel
 from posleak.report import figures
 from posleak.report.html import FigureBlock, Section, TableBlock, Verdict, render_report
 from posleak.report.runfolder import RunFolder, atomic_write
+from posleak.validate import out_folder_problems
 
 PAPER_BOS_REMOVED = 40.0  # C5: the paper's "about 40%" of the early residual-stream component
 
@@ -434,6 +436,8 @@ def _later_layers(baseline: AnalysisResult, ablated: AnalysisResult, layer: int)
 
 def reproduce(out: Path | str, plan: Plan = QUICK, progress: bool = True) -> list[Claim]:
     """Run every analysis, judge every claim, write `claims.json`, tables and `report.html` into `out`."""
+    if problems := out_folder_problems(out):
+        raise BadInput(problems)
     repro = Reproduction(Path(out), plan, progress)
     steps: list[tuple[str, Callable[[], Any]]] = []
     results: dict[str, Any] = {}

@@ -4,6 +4,10 @@ The effect of an intervention on a magnitude is 100·(intervened/baseline − 1)
 (layer −1: the ratio of the means over layers), DESIGN.md §3.4. Its interval is a paired bootstrap:
 both runs draw the same resampling weights (they depend only on N, the number of resamples and the
 seed), so resample k of the effect is the effect computed on resample k of each run.
+
+Every option is checked before the baseline runs (`checked_intervention`): a bad intervention refuses
+with nothing written, instead of failing after a finished baseline. The folder is a run folder of its
+own (`baseline/` and `intervened/` are two more), finished only when its manifest says so.
 """
 
 from __future__ import annotations
@@ -14,16 +18,29 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from posleak.analyze import AnalysisResult, AnalyzeConfig, analyze_model, load_for, sequences_for
+from posleak.analyze import (
+    AnalysisResult,
+    AnalyzeConfig,
+    analyze_model,
+    checked_model,
+    checked_sequences,
+    finished_here,
+    load_for,
+    run_args,
+    token_file_bos_problems,
+)
 from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
 from posleak.intervene.spec import Interventions
 from posleak.measure import LAYER_MAGNITUDES, percentile_interval
+from posleak.models.load import LoadedModel
 from posleak.report import figures
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
-from posleak.report.runfolder import RunFolder
+from posleak.report.runfolder import COMPLETE, RunFolder
+from posleak.validate import Problems, out_folder_problems
 
 OVERALL = -1  # the `layer` of the row that summarises all layers
+COMMAND = "intervene"  # recorded in the folder's arguments: an intervention folder is not an analysis one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,27 +55,91 @@ class InterventionRun:
 def intervene(
     spec: str, config: AnalyzeConfig, *, out: Path | str, trust_remote_code: bool = False, progress: bool = True
 ) -> InterventionRun:
-    """Run `spec` without and with `config.interventions` (and `--bos off` as declared in config.bos)."""
+    """Run `spec` without and with `config.interventions` (and `--bos off` as declared in config.bos).
+
+    Every problem with the input is refused at once (BadInput) before the baseline runs or anything is written."""
     folder = RunFolder(Path(out))
-    interventions = config.interventions
-    bos_off = config.bos == "off"
+    if finished_here(folder, spec, config, command=COMMAND):
+        return _read(folder)  # finished before: skip loading the model
+    base_model, batch, args = checked_intervention(spec, config, out, trust_remote_code)
+    with folder.claim(args) as state:
+        if state == COMPLETE:
+            return _read(folder)
+        baseline = analyze_model(
+            base_model.model,
+            batch,
+            baseline_config(config),
+            out=folder.path / "baseline",
+            loaded=base_model,
+            progress=progress,
+        )
+        model = load_for(spec, config.interventions, trust_remote_code, base=base_model)
+        intervened_batch = without_bos(batch) if config.bos == "off" else batch
+        intervened = analyze_model(
+            model.model, intervened_batch, config, out=folder.path / "intervened", loaded=model, progress=progress
+        )
+        effect = effect_table(baseline, intervened)
+        folder.write_table("effect", effect)
+        _report(folder, spec, config, baseline, intervened, effect)
+        return InterventionRun(baseline, intervened, effect)
+
+
+def _read(folder: RunFolder) -> InterventionRun:
+    baseline, intervened = (AnalysisResult.read(RunFolder(folder.path / name)) for name in ("baseline", "intervened"))
+    return InterventionRun(baseline, intervened, folder.read_table("effect"))
+
+
+def baseline_config(config: AnalyzeConfig) -> AnalyzeConfig:
+    """The baseline of an intervention: no interventions, and the BOS on where `--bos off` removes it."""
+    return dataclasses.replace(config, interventions=Interventions(), bos="on" if config.bos == "off" else config.bos)
+
+
+def checked_intervention(
+    spec: str, config: AnalyzeConfig, out: Path | str, trust_remote_code: bool = False
+) -> tuple[LoadedModel, TokenBatch, dict[str, object]]:
+    """The baseline model and sequences and the run folder's arguments, once every option has been checked
+    against the others, the model and the output folder (the baseline's and intervened run's folders
+    included); BadInput lists every problem. Nothing is run on the model and nothing is written."""
+    problems = Problems()
+    problems.extend(out_folder_problems(out))
+    interventions, bos_off = config.interventions, config.bos == "off"
     if interventions.is_empty and not bos_off:
-        raise PosleakError("posleak intervene needs at least one intervention option (see posleak intervene -h)")
-    base_config = dataclasses.replace(config, interventions=Interventions(), bos="on" if bos_off else config.bos)
-    base_model = load_for(spec, Interventions(), trust_remote_code)
-    batch = sequences_for(base_model, base_config)
-    baseline = analyze_model(
-        base_model.model, batch, base_config, out=folder.path / "baseline", loaded=base_model, progress=progress
-    )
-    model = load_for(spec, interventions, trust_remote_code) if interventions.rope_scaling else base_model
-    intervened_batch = without_bos(batch) if bos_off else batch
-    intervened = analyze_model(
-        model.model, intervened_batch, config, out=folder.path / "intervened", loaded=model, progress=progress
-    )
-    effect = effect_table(baseline, intervened)
-    folder.write_table("effect", effect)
-    _report(folder, spec, config, baseline, intervened, effect)
-    return InterventionRun(baseline, intervened, effect)
+        problems.add("posleak intervene needs at least one intervention option (see posleak intervene -h)")
+    base = baseline_config(config)
+    loaded = checked_model(problems, spec, trust_remote_code)
+    if bos_off and config.tokens is None and loaded is not None and loaded.tokenizer.bos_token_id is None:
+        problems.add(
+            f"--bos off as an intervention removes the BOS at position 0, and {spec}'s tokenizer has none; "
+            "drop --bos off"
+        )
+        base = dataclasses.replace(base, bos="off")  # still check the other options on the sequences it can make
+    batch = checked_sequences(problems, loaded, base)
+    if bos_off and batch is not None and batch.bos_id is None and config.tokens is not None:
+        problems.add(
+            f"--bos off as an intervention removes the BOS at position 0, and the rows of {config.tokens} do not all "
+            "start with the tokenizer's BOS id; put it in the file's first column or drop --bos off"
+        )
+    elif not bos_off and loaded is not None and batch is not None:
+        problems.extend(token_file_bos_problems(loaded, batch, config))
+    bos_at_0 = None if batch is None else batch.bos_id is not None
+    if bos_off and interventions.replace_bos is not None:
+        problems.add("--replace-bos acts on the BOS that --bos off removes; run them as two interventions")
+        bos_at_0 = None
+    problems.extend(interventions.problems(loaded, bos_at_0))
+    args: dict[str, object] = {}
+    if loaded is not None and batch is not None and not problems.found:
+        args = {**run_args(loaded.name, loaded, batch, config), "command": COMMAND}
+        runs = {
+            "": args,
+            "baseline": run_args(loaded.name, loaded, batch, base),
+            "intervened": run_args(loaded.name, loaded, without_bos(batch) if bos_off else batch, config),
+        }
+        for name, arguments in runs.items():
+            with problems.collecting():
+                RunFolder(Path(out) / name).state(arguments)
+    problems.raise_any()
+    assert loaded is not None and batch is not None  # no problem found, so both were made
+    return loaded, batch, args
 
 
 def without_bos(batch: TokenBatch) -> TokenBatch:
@@ -138,7 +219,6 @@ def _report(
     ]
     manifest = {
         "model": {"id": spec},
-        "status": "complete",
         "interventions": described,
         "baseline": str(baseline.run.path) if baseline.run else None,
         "intervened": str(intervened.run.path) if intervened.run else None,
@@ -150,4 +230,4 @@ def _report(
         tables=[TableBlock("Effect per layer", effect, source="effect.parquet", max_rows=60)],
     )
     render_report(folder, f"posleak intervene: {spec}", [section], manifest=manifest)
-    folder.write_manifest(manifest)
+    folder.finish(manifest)

@@ -34,25 +34,33 @@ def mean_embedding(model: PreTrainedModel, chunk: int = 16384) -> torch.Tensor:
     return (total / vocab).to(module.weight.dtype)
 
 
-def replacement_vector(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, kind: str
-) -> torch.Tensor | None:
-    """The vector for `kind`, or None for `random` (made per row, to match each row's norm)."""
-    module = model.get_input_embeddings()
-    if kind == "mean":
-        return mean_embedding(model)
-    if kind == "zero":
-        return torch.zeros(module.weight.shape[1], dtype=module.weight.dtype)
-    if kind == "random":
+def replacement_token(tokenizer: PreTrainedTokenizerBase | None, kind: str) -> int | None:
+    """The token id a `token:TEXT` replacement names (None for the other kinds); refuses an unknown kind."""
+    if kind in ("mean", "zero", "random"):
         return None
     if kind.startswith("token:") and tokenizer is not None:
         text = kind.removeprefix("token:")
         ids = tokenizer.encode(text, add_special_tokens=False)
         if len(ids) != 1:
             raise PosleakError(f"--replace-bos {kind!r}: {text!r} encodes to {len(ids)} tokens; name a single token")
-        with torch.no_grad():
-            return module(torch.tensor([ids[0]], device=module.weight.device))[0]
+        return ids[0]
     raise PosleakError(f"bad --replace-bos {kind!r}; use one of {', '.join(REPLACEMENTS)}")
+
+
+def replacement_vector(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, kind: str
+) -> torch.Tensor | None:
+    """The vector for `kind`, or None for `random` (made per row, to match each row's norm)."""
+    module = model.get_input_embeddings()
+    token = replacement_token(tokenizer, kind)
+    if token is not None:
+        with torch.no_grad():
+            return module(torch.tensor([token], device=module.weight.device))[0]
+    if kind == "mean":
+        return mean_embedding(model)
+    if kind == "zero":
+        return torch.zeros(module.weight.shape[1], dtype=module.weight.dtype)
+    return None
 
 
 @contextmanager

@@ -18,12 +18,17 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from posleak.capture.residual import ResidualCapture, decoder_layers
 from posleak.capture.session import CaptureSession
 from posleak.errors import PosleakError
+from posleak.validate import natural_number
 
 
-def source_token(tokenizer: PreTrainedTokenizerBase | None, source: str) -> int:
-    """The token a `--patch-pos0` SOURCE names: `id:N`, or TEXT that encodes to one token."""
+def source_token(tokenizer: PreTrainedTokenizerBase | None, source: str, vocab_size: int | None = None) -> int:
+    """The token a `--patch-pos0` SOURCE names: `id:N` (N < `vocab_size` when given), or TEXT of one token."""
     if source.startswith("id:"):
-        return int(source.removeprefix("id:"))
+        number = natural_number(source.removeprefix("id:"))
+        if number is None or (vocab_size is not None and number >= vocab_size):
+            limit = f" below {vocab_size}" if vocab_size is not None else ""
+            raise PosleakError(f"bad --patch-pos0 {source!r}; id:N takes a token id N ≥ 0{limit}")
+        return number
     if tokenizer is None:
         raise PosleakError("--patch-pos0 TEXT needs the model's tokenizer; use id:N")
     ids = tokenizer.encode(source, add_special_tokens=False)
@@ -43,9 +48,6 @@ def position0_trajectory(model: PreTrainedModel, token_id: int) -> torch.Tensor:
 def patched_position0(model: PreTrainedModel, trajectory: torch.Tensor, layers: Sequence[int]) -> Iterator[None]:
     """Within the block, position 0 of resid[l] is `trajectory[l]` for each l in `layers`."""
     modules = [model.get_input_embeddings(), *decoder_layers(model)]
-    bad = [layer for layer in layers if not 0 <= layer < len(modules)]
-    if bad:
-        raise PosleakError(f"--patch-layers {bad} out of range; resid indices run 0..{len(modules) - 1}")
 
     def hook_for(layer: int) -> Callable[[nn.Module, object, object], object]:
         def patch(module: nn.Module, inputs: object, output: object) -> object:
@@ -66,7 +68,7 @@ def patched_position0(model: PreTrainedModel, trajectory: torch.Tensor, layers: 
 
 
 def parse_layers(spec: str, num_resid: int) -> tuple[int, ...]:
-    """`--patch-layers` syntax: `all`, `L`, `A..B` (inclusive), comma-separated."""
+    """`--patch-layers` syntax: `all`, `L`, `A..B` (inclusive), comma-separated; each a resid index < `num_resid`."""
     if spec == "all":
         return tuple(range(num_resid))
     layers: list[int] = []
@@ -76,4 +78,8 @@ def parse_layers(spec: str, num_resid: int) -> tuple[int, ...]:
             layers.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
     except ValueError:
         raise PosleakError(f"bad --patch-layers {spec!r}; use all, L, A..B or a comma-separated list") from None
+    bad = sorted({layer for layer in layers if not 0 <= layer < num_resid})
+    if bad or not layers:
+        found = f"names resid indices {bad} that do not exist" if bad else "selects no resid index"
+        raise PosleakError(f"--patch-layers {spec!r} {found}; resid indices run 0..{num_resid - 1} (A..B needs A ≤ B)")
     return tuple(layers)

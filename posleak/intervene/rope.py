@@ -17,6 +17,8 @@ from transformers import PretrainedConfig
 from posleak.errors import PosleakError
 
 ROPE_KINDS = ("ntk", "linear", "dynamic", "yarn")
+# Far beyond any scaling in use (×4 to ×64); more extreme factors drive RoPE's angles to NaN in float32.
+MAX_FACTOR = 1024
 
 
 def parse_rope_scaling(spec: str) -> tuple[str, float]:
@@ -25,9 +27,9 @@ def parse_rope_scaling(spec: str) -> tuple[str, float]:
         factor = float(value)
     except ValueError:
         factor = float("nan")
-    if kind not in ROPE_KINDS or not factor > 0:
+    if kind not in ROPE_KINDS or not 1 / MAX_FACTOR <= factor <= MAX_FACTOR:
         kinds = ", ".join(f"{k}:K" for k in ROPE_KINDS)
-        raise PosleakError(f"bad --rope-scaling {spec!r}; use one of {kinds} with K > 0")
+        raise PosleakError(f"bad --rope-scaling {spec!r}; use one of {kinds} with 1/{MAX_FACTOR} ≤ K ≤ {MAX_FACTOR}")
     return kind, factor
 
 

@@ -26,6 +26,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from posleak.errors import PosleakError
+from posleak.validate import Problems, natural_number
 
 PE_KINDS: tuple[str, ...] = ("rope", "nope", "alibi", "learned", "sinusoidal")
 NORMS: tuple[str, ...] = ("softmax", "sink", "sigmoid")
@@ -113,8 +114,9 @@ def parse_attention(spec: str) -> tuple[int | None, int]:
     kind, _, value = spec.partition(":")
     if kind == "causal" and not value:
         return None, 0
-    if kind in ("window", "prefix") and value.isdigit() and int(value) >= 1:
-        return (int(value), 0) if kind == "window" else (None, int(value))
+    size = natural_number(value) if kind in ("window", "prefix") else None
+    if size is not None and size >= 1:
+        return (size, 0) if kind == "window" else (None, size)
     raise PosleakError(f"unknown attention '{spec}'; use causal, window:W or prefix:P (W, P positive integers)")
 
 
@@ -152,11 +154,17 @@ class LabSpec:
     rotary_fraction: float = 1.0
 
     def __post_init__(self) -> None:
-        _check_choice("size", self.size, tuple(SIZES))
-        _check_choice("pe", self.pe, PE_KINDS)
-        _check_choice("norm", self.norm, NORMS)
-        parse_attention(self.attention)
-        parse_rope_scaling(self.rope_scaling)
+        problems = Problems()  # every bad option at once
+        for check in (
+            lambda: _check_choice("size", self.size, tuple(SIZES)),
+            lambda: _check_choice("pe", self.pe, PE_KINDS),
+            lambda: _check_choice("norm", self.norm, NORMS),
+            lambda: parse_attention(self.attention),
+            lambda: parse_rope_scaling(self.rope_scaling),
+        ):
+            with problems.collecting():
+                check()
+        problems.raise_any()
 
     def config(self, vocab_size: int, max_positions: int, bos_id: int | None, eos_id: int | None) -> LabConfig:
         """The model config for a tokenizer (vocabulary, special ids) and the longest length it must take."""

@@ -48,6 +48,7 @@ from posleak.lab.config import LabSpec
 from posleak.lab.results import write_results
 from posleak.lab.trainer import TrainConfig
 from posleak.lab.trial import EvalConfig, Trial, finished_row, run_trial
+from posleak.validate import Problems, out_folder_problems
 
 BACKENDS: tuple[str, ...] = ("local", "ray")
 LAB_KEYS = frozenset(f.name for f in fields(LabSpec))
@@ -72,7 +73,10 @@ class SweepSpec:
         try:
             raw = yaml.safe_load(path.read_text())
         except yaml.YAMLError as err:
-            raise PosleakError(f"sweep spec '{path}' is not valid YAML ({err}); fix the file") from err
+            reason = " ".join(str(err).split())  # YAML's message spans lines and points with a caret
+            raise PosleakError(f"sweep spec '{path}' is not valid YAML ({reason}); fix the file") from err
+        if raw is not None and not isinstance(raw, dict):
+            raise PosleakError(f"sweep spec '{path}' is not a mapping of sections; write name, base, grid, seeds, eval")
         return cls.from_dict(raw if raw is not None else {}, default_name=path.stem)
 
     @classmethod
@@ -128,10 +132,13 @@ def run_trials(
     """The result rows of `trials`, in order; finished trials are read back, the others run on `backend`.
 
     Locally, `jobs` > 1 runs that many trials at a time in worker processes (one torch thread each)."""
+    problems = Problems()
+    problems.extend(out_folder_problems(root))
     if backend not in BACKENDS:
-        raise PosleakError(f"unknown backend '{backend}'; use local or ray")
+        problems.add(f"unknown backend '{backend}'; use local or ray")
     if jobs < 1:
-        raise PosleakError(f"jobs must be at least 1, got {jobs}")
+        problems.add(f"jobs must be at least 1, got {jobs}")
+    problems.raise_any()
     root = Path(root).resolve()
     rows: list[dict[str, Any] | None] = [finished_row(root, trial) for trial in trials]
     todo = [trials[index] for index, row in enumerate(rows) if row is None]

@@ -51,10 +51,11 @@ from transformers import PreTrainedTokenizerFast
 
 from posleak.data.batches import TokenBatch, make_sequences
 from posleak.data.corpus import Corpus, load_corpus, make_corpus
-from posleak.errors import PosleakError
+from posleak.errors import BadInput, PosleakError
 from posleak.lab.config import LabConfig, LabSpec
 from posleak.lab.model import LabForCausalLM, build_lab_model, load_lab_model, quiet_transformers
 from posleak.lab.tokenizer import train_tokenizer
+from posleak.validate import out_folder_problems
 
 METRICS_COLUMNS = ("step", "train_loss", "val_loss", "tokens_per_s")
 # Evaluation lengths are multiples of the training length (length generalisation); a learned
@@ -84,13 +85,19 @@ class TrainConfig:
     val_fraction: float = 0.15  # of documents by hash; about 6% of the stdlib corpus's text
 
     def __post_init__(self) -> None:
-        for name in ("steps", "seq_len", "batch_size", "eval_every", "eval_seqs", "checkpoint_every"):
-            if getattr(self, name) < 1:
-                raise PosleakError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.seq_len < 2:
-            raise PosleakError(f"seq_len {self.seq_len} is too short; use at least 2")
+        problems = [
+            f"{name} must be at least 1, got {getattr(self, name)}"
+            for name in ("steps", "seq_len", "batch_size", "eval_every", "eval_seqs", "checkpoint_every")
+            if getattr(self, name) < 1
+        ]
+        if self.seq_len == 1:
+            problems.append(f"seq_len {self.seq_len} is too short; use at least 2")
+        if not self.lr > 0:
+            problems.append(f"lr {self.lr} must be positive")
         if not 0.0 < self.val_fraction < 1.0:
-            raise PosleakError(f"val_fraction {self.val_fraction} must lie strictly between 0 and 1")
+            problems.append(f"val_fraction {self.val_fraction} must lie strictly between 0 and 1")
+        if problems:
+            raise BadInput(problems)
 
     def lr_at(self, step: int) -> float:
         """Linear warm-up over warmup_steps, then cosine from lr down to lr·min_lr_ratio at the last step."""
@@ -227,6 +234,8 @@ def train(
     threads: int | None = 1,
 ) -> TrainResult:
     """Train (or resume, or return a finished run) into `out`; stop after step `until` when given."""
+    if problems := out_folder_problems(out):
+        raise BadInput(problems)
     with torch_threads(threads):
         return _train(spec, config, Path(out), until, progress)
 
@@ -262,26 +271,28 @@ def _train(spec: LabSpec, config: TrainConfig, out: Path, until: int | None, pro
     order = BatchOrder(rows.shape[0], config.batch_size, config.seed)
     stop = config.steps if until is None else min(until, config.steps)
     metrics: list[dict[str, float]] = state["metrics"]
-    bar = tqdm(total=stop, initial=state["step"], desc=f"train {spec.pe}/{spec.norm}", disable=not progress)
-    for step in range(state["step"], stop):
-        started = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = config.lr_at(step)
-        loss = token_losses(model, rows[order.rows(step)])[:, keep].mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
-        tokens_per_s = config.batch_size * config.seq_len / (time.perf_counter() - started)
-        train_loss = loss.item()
-        done = step + 1
-        val_loss = evaluate_loss(model, val_ids) if done % config.eval_every == 0 or done == config.steps else math.nan
-        metrics.append({"step": done, "train_loss": train_loss, "val_loss": val_loss, "tokens_per_s": tokens_per_s})
-        bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
-        bar.update()
-        if done % config.checkpoint_every == 0 or done == stop:
-            _save_checkpoint(out, identity, done, model, optimizer, metrics)
-    bar.close()
+    # the bar as a context: closed (its line ended) before an error is printed below it
+    with tqdm(total=stop, initial=state["step"], desc=f"train {spec.pe}/{spec.norm}", disable=not progress) as bar:
+        for step in range(state["step"], stop):
+            started = time.perf_counter()
+            for group in optimizer.param_groups:
+                group["lr"] = config.lr_at(step)
+            loss = token_losses(model, rows[order.rows(step)])[:, keep].mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            tokens_per_s = config.batch_size * config.seq_len / (time.perf_counter() - started)
+            train_loss = loss.item()
+            done = step + 1
+            val_loss = (
+                evaluate_loss(model, val_ids) if done % config.eval_every == 0 or done == config.steps else math.nan
+            )
+            metrics.append({"step": done, "train_loss": train_loss, "val_loss": val_loss, "tokens_per_s": tokens_per_s})
+            bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+            bar.update()
+            if done % config.checkpoint_every == 0 or done == stop:
+                _save_checkpoint(out, identity, done, model, optimizer, metrics)
     frame = pd.DataFrame(metrics, columns=list(METRICS_COLUMNS))
     if stop < config.steps:
         return TrainResult(out=out, metrics=frame, finished=False, step=stop)

@@ -29,6 +29,7 @@ class ModelFacts:
     kv_heads: int
     head_dim: int
     hidden: int
+    vocab_size: int
     max_positions: int | None
     layer_types: tuple[str, ...]
     window: tuple[int | None, ...]  # None: the layer attends to every earlier key
@@ -55,6 +56,7 @@ class ModelFacts:
             kv_heads=getattr(text, "num_key_value_heads", None) or heads,
             head_dim=head_dim,
             hidden=text.hidden_size,
+            vocab_size=text.vocab_size,
             max_positions=getattr(text, "max_position_embeddings", None),
             layer_types=layer_types,
             window=window,

@@ -158,8 +158,9 @@ def profiles_figure(
     Right: r(i, d) over query × offset, mean over heads, at the layer of largest residual magnitude."""
     _require(profiles, ["layer", "head", "q_lo", "q_hi", "d_lo", "d_hi", "cells", "m", "r"], "profiles")
     _require(per_layer, ["layer", "mask_all", "resid_all"], "per_layer")
-    mask_layer = int(per_layer.loc[per_layer["mask_all"].idxmax(), "layer"])
-    resid_layer = int(per_layer.loc[per_layer["resid_all"].idxmax(), "layer"])
+    # fillna: with one sequence the noise-corrected magnitudes are all NaN, and then the first layer is shown
+    mask_layer = int(per_layer.loc[per_layer["mask_all"].fillna(-np.inf).idxmax(), "layer"])
+    resid_layer = int(per_layer.loc[per_layer["resid_all"].fillna(-np.inf).idxmax(), "layer"])
     fig = Figure(figsize=(11, 4.4), layout="constrained")
     left, right = fig.subplots(1, 2)
 
