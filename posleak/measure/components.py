@@ -3,7 +3,9 @@
 Everything is computed for R weightings of the N sequences at once: the point estimate is the weighting of
 all ones, a bootstrap resample the number of times each sequence was drawn (bootstrap.py). Every sum in
 `LayerSums` is a sum over sequences, so a resample's sums are weights × per-sequence sums and its Gram
-sums are wᵀ G w: a resample costs O(H·(T + N²)) and no pass over the logits.
+sums are wᵀ G w. `Moments` rearranges them once per layer into per-sequence vectors and N × N matrices,
+so that a weighting costs a few quadratic forms, its g and m, and contractions of m with per-query
+arrays: O(H·(T + N²)) per resample and no pass over the logits.
 
 With the groups X of sequences (all, half A = the first ⌊N/2⌋, half B = the next ⌊N/2⌋), a_X(i, d) the
 weighted mean over X of s_{i,i−d}, g the relative part and m the causal-mask component of the whole
@@ -62,89 +64,145 @@ def magnitudes(sums: LayerSums, weights: torch.Tensor, ranges: dict[str, tuple[i
     """Every magnitude of MAGNITUDES for each row of `weights` (R, N), each (R, H). Magnitudes are RMS over
     the range's valid (i, d) pairs of the component minus its mean; the corrected r is the square root of
     the covariance of the two halves' r (NaN when a half is empty), the raw one is beside it."""
-    chunk = max(1, _CHUNK_ELEMENTS // (sums.rows.shape[1] * sums.seq_len))
-    parts = [_magnitudes(sums, weights[r0 : r0 + chunk], ranges) for r0 in range(0, weights.shape[0], chunk)]
-    return {name: torch.cat([part[name] for part in parts]) for name in MAGNITUDES}
-
-
-def _magnitudes(sums: LayerSums, weights: torch.Tensor, ranges: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:
-    terms = _RowTerms.of(sums, weights)
-    out = {}
-    for name, (lo, hi) in ranges.items():
-        segments = sums.segments(lo, hi)
-        out |= terms.range_magnitudes(name, slice(lo, hi), sums.columns[segments].sum(0), sums.gram[segments].sum(0))
-    return {name: out[name] for name in MAGNITUDES}
+    return Moments.of(sums, ranges).magnitudes(weights)
 
 
 @dataclass
-class _RowTerms:
-    """Per resample (R), head and query: what the sums over a range's cells need besides its column sums
-    and Gram matrix (module docstring). Groups X: "all", "a", "b"."""
+class _RangeMoments:
+    """One query range's sums over sequences that the expansion of the module docstring needs: per
+    sequence (N, H) and per pair of sequences (H, N, N), and the per-query arrays (K, H, Q) that are
+    contracted with each resample's m(i)."""
 
-    groups: dict[str, torch.Tensor]  # X → (R, N) weights of X's sequences
-    size: dict[str, torch.Tensor]  # X → (R, 1, 1) total weight; 0 for an empty half
-    g: torch.Tensor  # (R, H, W)
-    m: torch.Tensor  # (R, H, T)
-    valid: torch.Tensor  # (T,) n_i
-    prefix: torch.Tensor  # (R, H, T) P(i)
-    prefix_sq: torch.Tensor  # (R, H, T) P₂(i)
-    row_mean: dict[str, torch.Tensor]  # X → (R, H, T) R̄_X
-    shift: dict[str, torch.Tensor]  # X → (R, H, T) c_X
+    span: slice
+    valid: torch.Tensor  # (Q,) n_i of the range's queries
+    rows: torch.Tensor  # (N, H): Σ_i R_n(i)
+    prefix: torch.Tensor  # (N, H): Σ_i Pc_n(i), Pc_n(i) = Σ_{d≤D_i} C_n(d) / count(d)
+    log_z: torch.Tensor  # (N, H): Σ_i n_i z_n(i)
+    gram: torch.Tensor  # (H, N, N): Σ_i Σ_d s^n s^m
+    columns: torch.Tensor  # (H, N, N): Σ_d C_n(d) C_{Q,m}(d) / count(d) (g against the range's columns)
+    prefix_sq: torch.Tensor  # (H, N, N): Σ_i Σ_{d≤D_i} C_n(d) C_m(d) / count(d)²
+    z_rows: torch.Tensor  # (H, N, N): Σ_i z_n(i) R_m(i)
+    z_prefix: torch.Tensor  # (H, N, N): Σ_i z_n(i) Pc_m(i)
+    z_z: torch.Tensor  # (H, N, N): Σ_i n_i z_n(i) z_m(i)
+    against_m: torch.Tensor  # (3N, H, Q): R_n(i), Pc_n(i), n_i z_n(i), each to be contracted with m(i)
+
+
+@dataclass
+class Moments:
+    """A layer's sums rearranged so that every magnitude of a weighting w of the sequences is a handful of
+    quadratic forms wᵀ M w plus contractions of m_w(i) with per-query arrays: the only per-resample work over
+    positions is g_w, m_w (a cumulative log-sum-exp) and those contractions."""
+
+    sums: LayerSums
+    columns: torch.Tensor  # (N, H, W): column sums over all queries
+    ranges: dict[str, _RangeMoments]
 
     @staticmethod
-    def of(sums: LayerSums, weights: torch.Tensor) -> _RowTerms:
-        half = halves(sums.num_seqs)
-        groups = {"all": weights, "a": weights * (half == 0), "b": weights * (half == 1)}
-        size = {x: w.sum(1)[:, None, None] for x, w in groups.items()}
-        g = relative_part(sums, weights)
-        m = mask_component(g, sums)
+    def of(sums: LayerSums, ranges: dict[str, tuple[int, int]]) -> Moments:
+        columns = sums.columns.sum(0)
+        count = sums.offset_count
         reach = sums.max_offset
-        terms = _RowTerms(
-            groups=groups,
-            size=size,
-            g=g,
-            m=m,
-            valid=(reach + 1).double(),
-            prefix=torch.cumsum(g, -1)[..., reach],
-            prefix_sq=torch.cumsum(g.square(), -1)[..., reach],
-            row_mean={},
-            shift={},
-        )
-        for x in groups:
-            terms.row_mean[x] = terms.mean_over(x, sums.rows)
-            terms.shift[x] = terms.mean_over(x, sums.log_z) + m
-        return terms
-
-    def mean_over(self, x: str, per_seq: torch.Tensor) -> torch.Tensor:
-        """Weighted mean over group X of a per-sequence quantity: (N, H, ·) → (R, H, ·)."""
-        return torch.einsum("rn,nht->rht", self.groups[x], per_seq) / self.size[x]
-
-    def range_magnitudes(
-        self, name: str, span: slice, columns: torch.Tensor, gram: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        """The magnitudes of the range `span` of queries, given its column sums (N, H, W) and Gram (H, N, N)."""
-        valid = self.valid[span]
-        n = valid.sum()
-        with_g = {x: (self.mean_over(x, columns) * self.g).sum(-1) for x in self.groups}  # Σ_d g(d) C_X(d)
-
-        def total(x: str) -> torch.Tensor:  # Σ over the cells of r_X
-            return (self.row_mean[x] - self.prefix - self.valid * self.shift[x])[..., span].sum(-1)
-
-        def product(x: str, y: str) -> torch.Tensor:  # Σ over the cells of r_X r_Y
-            squares = torch.einsum("rn,hnk,rk->rh", self.groups[x], gram, self.groups[y])
-            squares = squares / (self.size[x] * self.size[y])[..., 0]
-            cx, cy = self.shift[x], self.shift[y]
-            per_row = (
-                -cy * self.row_mean[x]
-                - cx * self.row_mean[y]
-                + self.prefix_sq
-                + (cx + cy) * self.prefix
-                + self.valid * cx * cy
+        prefix = torch.cumsum(columns / count, -1)[..., reach]  # Pc (N, H, T)
+        valid = (reach + 1).double()
+        rows, log_z = sums.rows, sums.log_z
+        out = {}
+        for name, (lo, hi) in ranges.items():
+            span = slice(lo, hi)
+            range_columns = sums.columns[sums.segments(lo, hi)].sum(0)
+            # queries of the range whose reach includes offset d, per d
+            reaching = torch.zeros(sums.span, dtype=torch.float64).index_add_(
+                0, reach[span], torch.ones(hi - lo, dtype=torch.float64)
             )
-            return squares - with_g[x] - with_g[y] + per_row[..., span].sum(-1)
+            reaching = reaching.flip(0).cumsum(0).flip(0)
+            z, r, pc, n = log_z[..., span], rows[..., span], prefix[..., span], valid[span]
+            out[name] = _RangeMoments(
+                span=span,
+                valid=n,
+                rows=r.sum(-1),
+                prefix=pc.sum(-1),
+                log_z=(n * z).sum(-1),
+                gram=sums.gram[sums.segments(lo, hi)].sum(0),
+                columns=torch.einsum("nhd,mhd->hnm", columns / count, range_columns),
+                prefix_sq=torch.einsum("nhd,mhd->hnm", columns / count, columns * (reaching / count)),
+                z_rows=torch.einsum("nhi,mhi->hnm", z, r),
+                z_prefix=torch.einsum("nhi,mhi->hnm", z, pc),
+                z_z=torch.einsum("nhi,mhi->hnm", n * z, z),
+                against_m=torch.cat([r, pc, n * z]),
+            )
+        return Moments(sums, columns, out)
 
-        m = self.m[..., span]
-        mask = (valid * m * m).sum(-1) / n - ((valid * m).sum(-1) / n) ** 2
+    def magnitudes(self, weights: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every magnitude for each row of `weights` (R, N), each (R, H)."""
+        chunk = max(1, _CHUNK_ELEMENTS // (self.sums.rows.shape[1] * self.sums.seq_len))
+        parts = [self._magnitudes(weights[r0 : r0 + chunk]) for r0 in range(0, weights.shape[0], chunk)]
+        return {name: torch.cat([part[name] for part in parts]) for name in MAGNITUDES}
+
+    def _magnitudes(self, weights: torch.Tensor) -> dict[str, torch.Tensor]:
+        half = halves(self.sums.num_seqs)
+        groups = {"all": weights, "a": weights * (half == 0), "b": weights * (half == 1)}
+        scaled = {x: w / w.sum(1, keepdim=True) for x, w in groups.items()}  # w_X / W_X (NaN for an empty half)
+        g = torch.einsum("rn,nhd->rhd", scaled["all"], self.columns) / self.sums.offset_count
+        weighting = _Weighting(scaled, mask_component(g, self.sums))
+        out = {}
+        for name, moments in self.ranges.items():
+            out |= weighting.range_magnitudes(name, moments)
+        return {name: out[name] for name in MAGNITUDES}
+
+
+@dataclass
+class _Weighting:
+    """R weightings of the sequences: per group X (all, a, b) the weights over their total, w_X / W_X
+    (R, N), and m of each weighting (R, H, T); g, m and P are always the whole weighting's ("all")."""
+
+    scaled: dict[str, torch.Tensor]
+    m: torch.Tensor
+
+    def linear(self, x: str, per_seq: torch.Tensor) -> torch.Tensor:
+        """w_X·v / W_X for v (N, H) or per weighting (R, H, N): (R, H)."""
+        if per_seq.dim() == 2:
+            return self.scaled[x] @ per_seq
+        return torch.einsum("rn,rhn->rh", self.scaled[x], per_seq)
+
+    def quadratic(self, x: str, y: str, matrix: torch.Tensor) -> torch.Tensor:
+        """w_Xᵀ M w_Y / (W_X W_Y) for M (H, N, N): (R, H)."""
+        return torch.einsum("rn,hnk,rk->rh", self.scaled[x], matrix, self.scaled[y])
+
+    def range_magnitudes(self, name: str, moments: _RangeMoments) -> dict[str, torch.Tensor]:
+        """The magnitudes of one query range (module docstring), each (R, H)."""
+        m = self.m[..., moments.span]
+        n = moments.valid.sum()
+        against = torch.einsum("khi,rhi->rhk", moments.against_m, m)  # (R, H, 3N)
+        m_rows, m_prefix, m_log_z = against.split(against.shape[-1] // 3, dim=-1)
+        m_sum, m_sq = (moments.valid * m).sum(-1), (moments.valid * m.square()).sum(-1)
+        linear, quadratic = self.linear, self.quadratic
+
+        def total(x: str) -> torch.Tensor:  # Σ over the range's pairs of r_X
+            return linear(x, moments.rows) - linear("all", moments.prefix) - linear(x, moments.log_z) - m_sum
+
+        def product(x: str, y: str) -> torch.Tensor:  # Σ over the range's pairs of r_X r_Y
+            shift_rows = (  # Σ_i (c_Y R̄_X + c_X R̄_Y), with c = z̄ + m
+                quadratic(y, x, moments.z_rows)
+                + quadratic(x, y, moments.z_rows)
+                + linear(x, m_rows)
+                + linear(y, m_rows)
+            )
+            shift_prefix = (  # Σ_i (c_X + c_Y) P
+                quadratic(x, "all", moments.z_prefix)
+                + quadratic(y, "all", moments.z_prefix)
+                + 2 * linear("all", m_prefix)
+            )
+            shift_shift = quadratic(x, y, moments.z_z) + linear(x, m_log_z) + linear(y, m_log_z) + m_sq  # Σ n_i c_X c_Y
+            return (
+                quadratic(x, y, moments.gram)
+                - quadratic("all", x, moments.columns)
+                - quadratic("all", y, moments.columns)
+                - shift_rows
+                + quadratic("all", "all", moments.prefix_sq)
+                + shift_prefix
+                + shift_shift
+            )
+
+        mask = m_sq / n - (m_sum / n) ** 2
         raw = product("all", "all") / n - (total("all") / n) ** 2
         corrected = product("a", "b") / n - total("a") * total("b") / n**2
         return {

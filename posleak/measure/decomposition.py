@@ -26,9 +26,9 @@ from posleak.capture.masks import MaskSpec
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.capture.store import LayerCapture
 from posleak.measure.bootstrap import percentile_interval, resample_weights
-from posleak.measure.components import MAGNITUDES, LayerProfile, magnitudes, profile
+from posleak.measure.components import MAGNITUDES, LayerProfile, Moments, profile
 from posleak.measure.grid import CellLayout, Grid
-from posleak.measure.layer_sums import SumsPath, segment_boundaries, sink_scores, sum_layer
+from posleak.measure.layer_sums import SumsPath, segment_boundaries, sum_layer
 from posleak.measure.regression import DesignMoments, delta_r2, running_sums
 
 LAYER_MAGNITUDES = ("mask_early", "mask_all", "resid_early", "resid_all")
@@ -128,14 +128,14 @@ def measure_layer(capture: LayerCapture, spec: MeasureSpec) -> LayerResult:
         )
     ranges = spec.ranges
     sums = sum_layer(capture, segment_boundaries(spec.seq_len, ranges), spec.table_grid, spec.path)
-    ones = torch.ones(1, spec.num_seqs, dtype=torch.float64)
-    point = {name: value[0] for name, value in magnitudes(sums, ones, ranges).items()}
+    moments = Moments.of(sums, ranges)
+    point = {
+        name: value[0] for name, value in moments.magnitudes(torch.ones(1, spec.num_seqs, dtype=torch.float64)).items()
+    }
     resampling = spec.resampling()
-    resampled = None if resampling is None else magnitudes(sums, resampling[0], ranges)
+    resampled = None if resampling is None else moments.magnitudes(resampling[0])
     dr2 = delta_r2(running_sums(sums), DesignMoments.of(sums.mask, spec.seq_len, spec.num_seqs))
-    return LayerResult(
-        profile=profile(sums), point=point, resampled=resampled, dr2=dr2, sink_score=sink_scores(capture)
-    )
+    return LayerResult(profile=profile(sums), point=point, resampled=resampled, dr2=dr2, sink_score=sums.sink_score)
 
 
 @dataclass

@@ -52,6 +52,7 @@ class LayerSums:
     offset_weighted: torch.Tensor  # (H, T): Σ_n Σ_d d·s_{i,i−d}
     table: torch.Tensor  # (H, bins, bins): Σ_n Σ s over each cell of `table_grid`
     table_grid: Grid
+    sink_score: torch.Tensor  # (H,): α₀, the mean attention on key 0 over queries i ≥ 1
 
     @property
     def num_seqs(self) -> int:
@@ -112,7 +113,7 @@ def sum_layer(capture: LayerCapture, boundaries: Sequence[int], table_grid: Grid
     kv = capture.keys.shape[1]
     boundaries = tuple(boundaries)
     span = min(seq_len, mask.window or seq_len)
-    query = (capture.query.double() * facts.scaling).view(num_seqs, kv, heads // kv, seq_len, dim)
+    query = capture.query.to(torch.float64).mul_(facts.scaling).view(num_seqs, kv, heads // kv, seq_len, dim)
     keys = capture.keys.double()
     if choose_path(capture, path) == "bilinear":
         rows, offset_weighted = bilinear.row_sums(query, keys, mask.window)
@@ -137,6 +138,7 @@ def sum_layer(capture: LayerCapture, boundaries: Sequence[int], table_grid: Grid
         offset_weighted=offset_weighted,
         table=table,
         table_grid=table_grid,
+        sink_score=_sink_scores(query, keys, capture),
     )
 
 
@@ -178,13 +180,11 @@ def _materialised(
     return rows, columns, gram, offset_weighted, table
 
 
-def sink_scores(capture: LayerCapture) -> torch.Tensor:
+def _sink_scores(query: torch.Tensor, keys: torch.Tensor, capture: LayerCapture) -> torch.Tensor:
     """α₀ per head, (H,): the mean over sequences and queries i ≥ 1 of a_{i,0}, the attention on key 0
-    (0 where a window hides key 0; for sigmoid attention the gate σ(s_{i,0}))."""
+    (0 where a window hides key 0; for sigmoid attention the gate σ(s_{i,0})). `query` scaled and grouped."""
     facts = capture.facts
-    groups = capture.query.shape[1] // capture.keys.shape[1]
-    key0 = capture.keys[:, :, :1].double().repeat_interleave(groups, dim=1)  # (N, H, 1, D)
-    logits = soft_cap((capture.query.double() @ key0.mT).squeeze(-1) * facts.scaling, facts.softcap)  # (N, H, T)
+    logits = soft_cap((query @ keys[:, :, None, :1].mT).squeeze(-1).flatten(1, 2), facts.softcap)  # (N, H, T)
     visible = facts.mask.valid(torch.arange(capture.seq_len), torch.zeros((), dtype=torch.long))
     weight = torch.sigmoid(logits) if facts.norm == "sigmoid" else torch.exp(logits - capture.log_z.double())
     return (weight * visible)[:, :, 1:].mean(dim=(0, 2))
