@@ -123,20 +123,22 @@ def test_bilinear_sums_against_materialised_logits(
     """Row, column, Gram and table sums without logits against the same sums of every logit, float64
     throughout (rtol 1e-10): windows shorter than, equal to and not a multiple of the Gram blocks."""
     gen = torch.Generator().manual_seed(0)
-    query = torch.randn(num_seqs, 2, groups, seq_len, dim, generator=gen, dtype=torch.float64)
-    keys = torch.randn(num_seqs, 2, seq_len, dim, generator=gen, dtype=torch.float64)
-    logits = torch.einsum("nkgid,nkjd->nkgij", query, keys).flatten(1, 2)  # (N, H, T, T)
+    query = torch.randn(num_seqs, 2 * groups, seq_len, dim, generator=gen)  # float32, like a capture
+    keys = torch.randn(num_seqs, 2, seq_len, dim, generator=gen)
+    scaling = dim**-0.5
+    grouped = query.double().view(num_seqs, 2, groups, seq_len, dim)
+    logits = torch.einsum("nkgid,nkjd->nkgij", grouped, keys.double() * scaling).flatten(1, 2)  # (N, H, T, T)
     i, j = torch.arange(seq_len)[:, None], torch.arange(seq_len)[None, :]
     valid = (j <= i) & (i - j < (window or seq_len))
     logits = logits * valid
     span = min(seq_len, window or seq_len)
     boundaries = (0, 1, 9, seq_len)
-    rows, offset_weighted = bilinear.row_sums(query, keys, window)
+    stacked = bilinear.Stacked.of(query, keys, scaling)
+    rows, offset_weighted = bilinear.row_sums(stacked, window)
     torch.testing.assert_close(rows, logits.sum(-1), rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(offset_weighted, (logits * (i - j)).sum((0, -1)), rtol=1e-10, atol=1e-9)
-    columns = bilinear.column_sums(query, keys, boundaries, span)
-    stacked = bilinear.stack(query, keys)
-    gram = bilinear.gram(query, keys, stacked, window, boundaries)
+    columns = bilinear.column_sums(stacked, boundaries, span)
+    gram = bilinear.gram(stacked, window, boundaries)
     for s, (lo, hi) in enumerate(itertools.pairwise(boundaries)):
         by_offset = torch.stack(
             [torch.diagonal(logits[..., lo:hi, :], offset=lo - d, dim1=-2, dim2=-1).sum(-1) for d in range(span)],
@@ -146,7 +148,7 @@ def test_bilinear_sums_against_materialised_logits(
         flat = logits[:, :, lo:hi].transpose(0, 1).flatten(2)
         torch.testing.assert_close(gram[s], flat @ flat.mT, rtol=1e-10, atol=1e-9)
     grid = Grid(seq_len, linear_until=8, bins_per_octave=2)
-    table = bilinear.table_sums(query, keys, stacked, window, grid)
+    table = bilinear.table_sums(stacked, window, grid)
     expected = torch.zeros_like(table)
     bins = grid.bin_of_position
     for a in range(seq_len):

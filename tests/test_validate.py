@@ -368,14 +368,14 @@ def _assert_disk_full_error(proc: subprocess.CompletedProcess[str], what: str) -
     assert "disk full while writing" in errors[0] and what in errors[0] and "rerun the same command" in errors[0]
 
 
-@pytest.mark.parametrize(("call", "what"), [(6, "batch00001.layer000.safetensors"), (14, "per_layer.parquet")])
+@pytest.mark.parametrize(("call", "what"), [(3, "batch00001.safetensors"), (8, "per_layer.parquet")])
 def test_simulated_full_disk_is_one_line_and_resumes(
     model: Path, corpus: Path, reference_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: int,
     what: str,
 ) -> None:  # fmt: skip
-    """ENOSPC at the writer of a capture (the 6th sync: the manifest, batch 0's three layers and its closing file,
-    batch 1's first layer) or of a table (the 14th: batch 1's other files, 3 measured layers, per_head,
-    per_layer): one error line, then a rerun with space completes."""
+    """ENOSPC at the writer of a capture (the 3rd sync: the manifest, batch 0's closing file, batch 1's; layer
+    files are not synced) or of a table (the 8th: then 3 measured layers, per_head, per_layer): one error line,
+    then a rerun with space completes."""
     out = tmp_path / "run"
     _full_at(call, monkeypatch)
     _assert_disk_full_error(run_main(*analyze_args(model, corpus, out)), what)

@@ -118,7 +118,9 @@ class CaptureFolder:
     def write_layer(self, batch: int, layer: int, tensors: dict[str, torch.Tensor], facts: CallFacts) -> None:
         data = {name: value.detach().contiguous() for name, value in tensors.items()}
         blob = save(data, metadata={"facts": json.dumps(asdict(facts))})
-        atomic_write(self.path / _LAYER_FILE.format(batch, layer), lambda file: file.write(blob))
+        # not synced: a batch counts as done only once its closing file (synced) exists, and a power cut that
+        # loses layer files costs recomputing that batch, while a sync per layer costs seconds per run
+        atomic_write(self.path / _LAYER_FILE.format(batch, layer), lambda file: file.write(blob), sync=False)
 
     def finish_batch(self, batch: int, sequence_index: torch.Tensor, extra: dict[str, torch.Tensor]) -> None:
         """Mark the batch done, with its sequence indices and `extra` tensors (e.g. residual states)."""

@@ -20,43 +20,76 @@ materialises those.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from posleak.measure.grid import Grid
 from posleak.measure.offset_blocks import offset_block, reverse_keys
 
+# Rows of q per chunk of an elementwise pass: a few hundred KB, so that each chunk's temporaries stay in cache.
+_ROWS = 64
+# Complex elements of one chunk of spectra in the FFT column sums.
+_FFT_CHUNK = 1 << 19
+
+
+def inclusive_sums(values: torch.Tensor, block: int = 64) -> torch.Tensor:
+    """Cumulative sums along positions (dim −2), block by block: torch's cumsum over a dimension other than
+    the last walks memory with a stride, and within blocks of 64 positions it stays in cache (2–3× faster)."""
+    *lead, seq_len, dim = values.shape
+    full = seq_len // block * block
+    if full == 0:
+        return values.cumsum(-2)
+    head = values[..., :full, :].reshape(*lead, full // block, block, dim).cumsum(-2)
+    head[..., 1:, :, :] += head[..., -1, :].cumsum(-2)[..., :-1, None, :]
+    out = head.view(*lead, full, dim)
+    if full == seq_len:
+        return out
+    return torch.cat([out, values[..., full:, :].cumsum(-2) + out[..., -1:, :]], dim=-2)
+
 
 def prefix_sums(values: torch.Tensor) -> torch.Tensor:
     """Along positions (dim −2), with a leading 0: (..., T, D) → (..., T + 1, D)."""
-    return F.pad(values.cumsum(-2), (0, 0, 1, 0))
+    return torch.cat([torch.zeros_like(values[..., :1, :]), inclusive_sums(values)], dim=-2)
 
 
-def _over_valid_keys(prefix: torch.Tensor, window: int | None) -> torch.Tensor:
-    """Σ over query i's valid keys j ∈ [max(0, i − W + 1), i] of what `prefix` sums: X[i + 1] − X[first_i]."""
-    seq_len = prefix.shape[-2] - 1
-    lag = seq_len if window is None else min(window, seq_len)
-    return prefix[..., 1:, :] - F.pad(prefix[..., : seq_len - lag + 1, :], (0, 0, lag - 1, 0))
+def _over_valid_keys(values: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Σ over query i's valid keys j ∈ [max(0, i − W + 1), i] of `values` (..., T, D): the inclusive sums
+    C[i], less C[i − W] once the window has passed."""
+    summed = inclusive_sums(values)
+    seq_len = values.shape[-2]
+    if window is None or window >= seq_len:
+        return summed
+    out = summed.clone()
+    out[..., window:, :] -= summed[..., : seq_len - window, :]
+    return out
 
 
-def row_sums(query: torch.Tensor, keys: torch.Tensor, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Σ_j s_ij per sequence, head and query (N, H, T), and Σ_n Σ_d d·s_{i,i−d} per head and query (H, T)."""
-    num_seqs, kv, groups, seq_len, _ = query.shape
+def row_sums(stacked: Stacked, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Σ_j s_ij per sequence, head and query (N, H, T), and Σ_n Σ_d d·s_{i,i−d} per head and query (H, T): q_i
+    against the sums over its valid keys of k and of j·k, in chunks of rows whose temporaries stay in cache
+    (several times faster than one pass over every row)."""
+    stacked_q, stacked_k, num_seqs = stacked.wide_query, stacked.wide_keys, stacked.num_seqs
+    kv, groups, seq_len, _ = stacked_q.shape
     position = torch.arange(seq_len, dtype=torch.float64)
-    # Σ over each query's valid keys of k and of j·k, side by side: one product with q gives both sums
-    both = torch.stack([keys, keys * position[:, None]], dim=-1)  # (N, KV, T, D, 2)
-    over = _over_valid_keys(prefix_sums(both.flatten(-2)), window).view(both.shape)
-    sums = (query.unsqueeze(-2) @ over.unsqueeze(2)).squeeze(-2)  # (N, KV, G, T, 2)
-    rows = sums[..., 0].reshape(num_seqs, kv * groups, seq_len)
-    weighted = sums[..., 1].reshape(num_seqs, kv * groups, seq_len)  # Σ_j j·s_ij
-    return rows, (position * rows - weighted).sum(0)
+    over_keys = _over_valid_keys(stacked_k, window)  # (KV, T, N·D)
+    over_positions = _over_valid_keys(stacked_k * position[:, None], window)
+    rows = torch.empty(2, kv, groups, seq_len, num_seqs, dtype=torch.float64)
+    for i0 in range(0, seq_len, _ROWS):
+        i1 = min(seq_len, i0 + _ROWS)
+        part = stacked_q[:, :, i0:i1]
+        for k, over in enumerate((over_keys, over_positions)):
+            product = part * over[:, None, i0:i1]
+            rows[k, :, :, i0:i1] = product.view(kv, groups, i1 - i0, num_seqs, -1).sum(-1)
+    rows = rows.permute(0, 4, 1, 2, 3).reshape(2, num_seqs, kv * groups, seq_len)  # Σ_j s_ij and Σ_j j·s_ij
+    return rows[0], (position * rows[0] - rows[1]).sum(0)
 
 
-def column_sums(query: torch.Tensor, keys: torch.Tensor, boundaries: tuple[int, ...], span: int) -> torch.Tensor:
+def column_sums(stacked: Stacked, boundaries: tuple[int, ...], span: int) -> torch.Tensor:
     """Σ_{i∈S} s_{i,i−d} for each segment S = [boundaries[s], boundaries[s + 1]) and offset d < span:
     (S, N, H, span). The largest segment is the total minus the others; the total is a cross-correlation
     by FFT (zero-padded to 2T: no wrap-around), the other segments direct sums when that is cheaper."""
+    query, keys = stacked.query, stacked.keys
     num_seqs, kv, groups, seq_len, _ = query.shape
     segments = len(boundaries) - 1
     out = torch.zeros(segments, num_seqs, kv * groups, span, dtype=torch.float64)
@@ -88,47 +121,95 @@ def _direct_columns(query: torch.Tensor, keys: torch.Tensor, lo: int, hi: int, s
 
 
 def _fft_columns(query: torch.Tensor, keys: torch.Tensor, lo: int, hi: int, span: int) -> torch.Tensor:
-    """Σ_{lo ≤ i < hi} q_i·k_{i−d} for d < span as one cross-correlation per head, (N, H, span); positions
-    last, where the transforms run fastest."""
-    num_seqs, kv, groups, seq_len, _ = query.shape
+    """Σ_{lo ≤ i < hi} q_i·k_{i−d} for d < span as one cross-correlation per head, (N, H, span): the spectra
+    of q (rows outside [lo, hi) zero) and of k, multiplied and summed over dimensions a few at a time so that
+    the buffers stay small; positions last, in zero-padded buffers reused across chunks, where transforms
+    run fastest."""
+    num_seqs, kv, groups, seq_len, dim = query.shape
     length = 2 * seq_len
-    keys_f = torch.fft.rfft(keys.transpose(-1, -2), n=length).conj()  # (N, KV, D, L/2 + 1)
-    out = torch.empty(num_seqs, kv, groups, span, dtype=torch.float64)
-    for g in range(groups):  # one query head per KV head at a time bounds the complex buffers
-        rows = F.pad(query[:, :, g, lo:hi].transpose(-1, -2), (lo, seq_len - hi))  # (N, KV, D, T)
-        spectrum = (torch.fft.rfft(rows, n=length) * keys_f).sum(-2)
-        out[:, :, g] = torch.fft.irfft(spectrum, n=length)[..., :span]
-    return out.view(num_seqs, kv * groups, span)
+    chunk = max(1, _FFT_CHUNK // (num_seqs * kv * length))
+    spectrum = torch.zeros(num_seqs, kv, groups, seq_len + 1, dtype=torch.complex128)
+    signal = torch.zeros(num_seqs, kv, chunk, length, dtype=torch.float64)  # positions beyond T stay 0
+    for d0 in range(0, dim, chunk):
+        d1 = min(dim, d0 + chunk)
+        width = d1 - d0
+        signal[:, :, :width, :seq_len] = keys[..., d0:d1].transpose(-1, -2)
+        keys_f = torch.fft.rfft(signal[:, :, :width]).conj_physical()
+        for g in range(groups):
+            if (lo, hi) != (0, seq_len):
+                signal[:, :, :width, :seq_len] = 0.0
+            signal[:, :, :width, lo:hi] = query[:, :, g, lo:hi, d0:d1].transpose(-1, -2)
+            spectrum[:, :, g] += (torch.fft.rfft(signal[:, :, :width]) * keys_f).sum(-2)
+    return torch.fft.irfft(spectrum, n=length)[..., :span].reshape(num_seqs, kv * groups, span)
 
 
-def stack(query: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q and k of the N sequences side by side: (KV, G, T, N·D) and (KV, T, N·D), so that one product of
-    Q_i = [q¹_i … qᴺ_i] with K_j = [k¹_j … kᴺ_j] serves every pair of sequences, or sums over them."""
-    num_seqs, kv, groups, seq_len, dim = query.shape
-    stacked_q = query.permute(1, 2, 3, 0, 4).reshape(kv, groups, seq_len, num_seqs * dim)
-    stacked_k = keys.permute(1, 2, 0, 3).reshape(kv, seq_len, num_seqs * dim)
-    return stacked_q, stacked_k
+@dataclass(frozen=True)
+class Stacked:
+    """q and k of the N sequences side by side in float64, the scaling in the keys: Q (KV, G, T, N, D) and
+    K (KV, T, N, D), so that one product of Q_i = [q¹_i … qᴺ_i] with K_j = [k¹_j … kᴺ_j] (N·D wide) serves every
+    pair of sequences, or sums over them. `query` and `keys` view the same numbers per sequence."""
+
+    stacked_query: torch.Tensor
+    stacked_keys: torch.Tensor
+
+    @staticmethod
+    def of(query: torch.Tensor, keys: torch.Tensor, scaling: float) -> Stacked:
+        """From queries (N, H, T, D) and keys (N, KV, T, D) in any float dtype: one converting copy each."""
+        num_seqs, heads, seq_len, dim = query.shape
+        kv = keys.shape[1]
+        grouped = query.view(num_seqs, kv, heads // kv, seq_len, dim).permute(1, 2, 3, 0, 4)
+        stacked_q = torch.empty(grouped.shape, dtype=torch.float64).copy_(grouped)
+        stacked_k = torch.empty(kv, seq_len, num_seqs, dim, dtype=torch.float64).copy_(keys.permute(1, 2, 0, 3))
+        return Stacked(stacked_q, stacked_k.mul_(scaling))
+
+    @property
+    def num_seqs(self) -> int:
+        return self.stacked_keys.shape[2]
+
+    @property
+    def dim(self) -> int:
+        return self.stacked_keys.shape[3]
+
+    @property
+    def wide_query(self) -> torch.Tensor:
+        """(KV, G, T, N·D)."""
+        kv, groups, seq_len = self.stacked_query.shape[:3]
+        return self.stacked_query.view(kv, groups, seq_len, -1)
+
+    @property
+    def wide_keys(self) -> torch.Tensor:
+        """(KV, T, N·D)."""
+        return self.stacked_keys.view(*self.stacked_keys.shape[:2], -1)
+
+    @property
+    def query(self) -> torch.Tensor:
+        """Per sequence, grouped by KV head: (N, KV, G, T, D), a view."""
+        return self.stacked_query.permute(3, 0, 1, 2, 4)
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """Per sequence, scaled: (N, KV, T, D), a view."""
+        return self.stacked_keys.permute(2, 0, 1, 3)
 
 
-def gram(
-    query: torch.Tensor,
-    keys: torch.Tensor,
-    stacked: tuple[torch.Tensor, torch.Tensor],
-    window: int | None,
-    boundaries: tuple[int, ...],
-) -> torch.Tensor:
-    """Σ_{i∈S} Σ_j s^n_ij s^{n'}_ij per segment S and head, (S, H, N, N), in O(T·(N·D)²) (module docstring);
-    `stacked` is `stack(query, keys)`."""
-    num_seqs, kv, groups, seq_len, dim = query.shape
+def gram(stacked: Stacked, window: int | None, boundaries: tuple[int, ...]) -> torch.Tensor:
+    """Σ_{i∈S} Σ_j s^n_ij s^{n'}_ij per segment S and head, (S, H, N, N), in O(T·(N·D)²) (module docstring)."""
+    kv, groups, seq_len, num_seqs, dim = stacked.stacked_query.shape
     block = max(32, dim)
     blocks = -(-seq_len // block)
     padded = blocks * block
     segments = len(boundaries) - 1
     out = torch.zeros(segments, kv, groups, num_seqs, num_seqs, dtype=torch.float64)
-    sq = F.pad(stacked[0], (0, 0, 0, padded - seq_len)).view(kv, groups, blocks, block, num_seqs * dim)
-    sk = F.pad(stacked[1], (0, 0, 0, padded - seq_len)).view(kv, blocks, block, num_seqs * dim)
+    stacked_q = _pad_positions(stacked.stacked_query, padded, dim=2)  # (KV, G, T', N, D)
+    stacked_k = _pad_positions(stacked.stacked_keys, padded, dim=1)  # (KV, T', N, D)
+    sq = stacked_q.view(kv, groups, blocks, block, num_seqs * dim)
+    sk = stacked_k.view(kv, blocks, block, num_seqs * dim)
     _add_full_blocks(out, sq, sk, window, boundaries, num_seqs)
-    _add_partial_blocks(out, query, keys, window, boundaries, block)
+    # per block, the G query heads of a KV head as one matrix: (N, KV, A, G·b, D) against keys (N, KV, A, b, D)
+    q_blocks = stacked_q.view(kv, groups, blocks, block, num_seqs, dim).permute(4, 0, 2, 1, 3, 5)
+    q_blocks = q_blocks.reshape(num_seqs, kv, blocks, groups * block, dim)
+    k_blocks = stacked_k.view(kv, blocks, block, num_seqs, dim).permute(3, 0, 1, 2, 4)
+    _add_partial_blocks(out, q_blocks, k_blocks, window, boundaries)
     return out.view(segments, kv * groups, num_seqs, num_seqs)
 
 
@@ -169,23 +250,20 @@ def _add_full_blocks(
 
 def _add_partial_blocks(
     out: torch.Tensor,
-    query: torch.Tensor,
-    keys: torch.Tensor,
+    q_blocks: torch.Tensor,
+    k_blocks: torch.Tensor,
     window: int | None,
     boundaries: tuple[int, ...],
-    block: int,
 ) -> None:
     """The key blocks that mix valid and invalid pairs with query block α: the diagonal block and, under a
     window, the blocks at the window's edge. Their logits are formed (the G query heads of a KV head as one
-    product per block), the invalid ones zeroed by triangles, and multiplied per pair of sequences row by row."""
-    num_seqs, kv, groups, seq_len, dim = query.shape
-    blocks = -(-seq_len // block)
+    product per block: `q_blocks` (N, KV, A, G·b, D) against `k_blocks` (N, KV, A, b, D)), the invalid ones
+    zeroed by triangles, and multiplied per pair of sequences row by row."""
+    num_seqs, kv, blocks, block = k_blocks.shape[:4]
+    groups = q_blocks.shape[3] // block
     padded = blocks * block
     whole = blocks if window is None else window // block
     near = [0] if window is None else [0, *range(max(whole, 1), (window + block - 2) // block + 1)]
-    q_blocks = F.pad(query, (0, 0, 0, padded - seq_len)).view(num_seqs, kv, groups, blocks, block, dim)
-    q_blocks = q_blocks.transpose(2, 3).reshape(num_seqs, kv, blocks, groups * block, dim)
-    k_blocks = F.pad(keys, (0, 0, 0, padded - seq_len)).view(num_seqs, kv, blocks, block, dim)
     per_row = torch.zeros(kv, blocks, groups, block, num_seqs, num_seqs, dtype=torch.float64)
     for delta in near:
         if delta >= blocks:
@@ -204,11 +282,19 @@ def _add_partial_blocks(
         out[s] += per_row[:, :, boundaries[s] : boundaries[s + 1]].sum(2)
 
 
-def table_sums(
-    query: torch.Tensor, keys: torch.Tensor, stacked: tuple[torch.Tensor, torch.Tensor], window: int | None, grid: Grid
-) -> torch.Tensor:
-    """Σ over sequences and each cell's valid pairs of s, (H, bins, bins) indexed (query bin, offset bin);
-    `stacked` is `stack(query, keys)`."""
+def _pad_positions(values: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    """`values` zero-padded along positions (`dim`) to `length`; itself when it is that long already."""
+    missing = length - values.shape[dim]
+    if not missing:
+        return values
+    shape = list(values.shape)
+    shape[dim] = missing
+    return torch.cat([values, values.new_zeros(shape)], dim=dim)
+
+
+def table_sums(stacked: Stacked, window: int | None, grid: Grid) -> torch.Tensor:
+    """Σ over sequences and each cell's valid pairs of s, (H, bins, bins) indexed (query bin, offset bin)."""
+    query, keys = stacked.query, stacked.keys
     _, kv, groups, seq_len, _ = query.shape
     heads, bins = kv * groups, grid.num_bins
     span = min(seq_len, window or seq_len)
@@ -227,7 +313,7 @@ def table_sums(
     # valid key; for each edge e that is q_i against K shifted by min(e, W) − 1 positions (K[0] = 0, so
     # clamping below 0 adds nothing). The sequences are summed inside the product, over the stacked N·D.
     shifts = torch.clamp(torch.tensor(grid.edges[near:]), max=span) - 1
-    stacked_q, stacked_prefix = stacked[0], prefix_sums(stacked[1])  # (KV, G, T, N·D), (KV, T + 1, N·D)
+    stacked_q, stacked_prefix = stacked.wide_query, prefix_sums(stacked.wide_keys)  # (KV, G, T, N·D), (KV, T + 1, N·D)
     chunk = 32  # rows whose gathered prefixes stay in cache
     for c0 in range(0, seq_len, chunk):
         c1 = min(seq_len, c0 + chunk)

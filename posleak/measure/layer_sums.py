@@ -109,21 +109,18 @@ def sum_layer(capture: LayerCapture, boundaries: Sequence[int], table_grid: Grid
             "the decomposition supports causal masks with an optional sliding window; "
             f"layer {capture.layer}'s mask ({mask}) is not causal or has a bidirectional prefix"
         )
-    num_seqs, heads, seq_len, dim = capture.query.shape
-    kv = capture.keys.shape[1]
+    seq_len = capture.seq_len
     boundaries = tuple(boundaries)
     span = min(seq_len, mask.window or seq_len)
-    query = capture.query.to(torch.float64).mul_(facts.scaling).view(num_seqs, kv, heads // kv, seq_len, dim)
-    keys = capture.keys.double()
+    stacked = bilinear.Stacked.of(capture.query, capture.keys, facts.scaling)  # exact float64 products
     if choose_path(capture, path) == "bilinear":
-        rows, offset_weighted = bilinear.row_sums(query, keys, mask.window)
-        columns = bilinear.column_sums(query, keys, boundaries, span)
-        stacked = bilinear.stack(query, keys)
-        gram = bilinear.gram(query, keys, stacked, mask.window, boundaries)
-        table = bilinear.table_sums(query, keys, stacked, mask.window, table_grid)
+        rows, offset_weighted = bilinear.row_sums(stacked, mask.window)
+        columns = bilinear.column_sums(stacked, boundaries, span)
+        gram = bilinear.gram(stacked, mask.window, boundaries)
+        table = bilinear.table_sums(stacked, mask.window, table_grid)
     else:
         rows, columns, gram, offset_weighted, table = _materialised(
-            query, keys, span, facts.softcap, boundaries, table_grid
+            stacked.query.contiguous(), stacked.keys, span, facts.softcap, boundaries, table_grid
         )
     return LayerSums(
         layer=capture.layer,
@@ -138,7 +135,7 @@ def sum_layer(capture: LayerCapture, boundaries: Sequence[int], table_grid: Grid
         offset_weighted=offset_weighted,
         table=table,
         table_grid=table_grid,
-        sink_score=_sink_scores(query, keys, capture),
+        sink_score=_sink_scores(stacked, capture),
     )
 
 
@@ -180,11 +177,13 @@ def _materialised(
     return rows, columns, gram, offset_weighted, table
 
 
-def _sink_scores(query: torch.Tensor, keys: torch.Tensor, capture: LayerCapture) -> torch.Tensor:
+def _sink_scores(stacked: bilinear.Stacked, capture: LayerCapture) -> torch.Tensor:
     """α₀ per head, (H,): the mean over sequences and queries i ≥ 1 of a_{i,0}, the attention on key 0
-    (0 where a window hides key 0; for sigmoid attention the gate σ(s_{i,0})). `query` scaled and grouped."""
+    (0 where a window hides key 0; for sigmoid attention the gate σ(s_{i,0}))."""
     facts = capture.facts
-    logits = soft_cap((query @ keys[:, :, None, :1].mT).squeeze(-1).flatten(1, 2), facts.softcap)  # (N, H, T)
+    key0 = stacked.stacked_keys[:, 0]  # (KV, N, D)
+    logits = torch.einsum("kgtnd,knd->nkgt", stacked.stacked_query, key0).flatten(1, 2)  # (N, H, T)
+    logits = soft_cap(logits, facts.softcap)
     visible = facts.mask.valid(torch.arange(capture.seq_len), torch.zeros((), dtype=torch.long))
     weight = torch.sigmoid(logits) if facts.norm == "sigmoid" else torch.exp(logits - capture.log_z.double())
     return (weight * visible)[:, :, 1:].mean(dim=(0, 2))

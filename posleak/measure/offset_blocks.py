@@ -9,14 +9,16 @@ Zero keys give logit 0 (also after soft-capping), so entries with d > i vanish w
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from posleak.capture.session import soft_cap
 
 
 def reverse_keys(keys: torch.Tensor, span: int) -> torch.Tensor:
     """Keys (..., T, D) in reverse order, zero-padded by `span` positions past position 0."""
-    return F.pad(keys.flip(-2), (0, 0, 0, span))
+    *lead, seq_len, dim = keys.shape
+    out = keys.new_zeros(*lead, seq_len + span, dim)
+    out[..., :seq_len, :] = keys.flip(-2)
+    return out
 
 
 def offset_block(

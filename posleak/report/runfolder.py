@@ -65,11 +65,12 @@ def disk_full_as_error(target: Path) -> Iterator[None]:
         raise
 
 
-def atomic_write(target: Path, write: Callable[[IO[bytes]], None]) -> Path:
+def atomic_write(target: Path, write: Callable[[IO[bytes]], None], sync: bool = True) -> Path:
     """Write `target` through `write(file)` into a temp file beside it, then move it into place.
 
     The temp file lives in the same folder so that `os.replace` is a rename on one file system (atomic
-    on POSIX and Windows); it is synced first so that a power cut cannot leave an empty file behind.
+    on POSIX and Windows); it is synced first (unless `sync` is False, for bulky intermediate files whose
+    loss in a power cut only costs recomputing them) so that a power cut cannot leave an empty file behind.
     """
     # open(..., "xb") rather than tempfile.mkstemp: mkstemp makes files private (0600), ignoring the umask
     # that results shared with colleagues should follow; the random name keeps concurrent writers apart.
@@ -80,7 +81,8 @@ def atomic_write(target: Path, write: Callable[[IO[bytes]], None]) -> Path:
             with open(tmp, "xb") as file:
                 write(file)
                 file.flush()
-                os.fsync(file.fileno())
+                if sync:
+                    os.fsync(file.fileno())
             os.replace(tmp, target)
         except BaseException:
             tmp.unlink(missing_ok=True)
