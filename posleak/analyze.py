@@ -37,7 +37,7 @@ from posleak.capture import (
     require_closed_system,
 )
 from posleak.capture.residual import ClosedSystemReport
-from posleak.capture.store import CaptureFolder, QKRecorder
+from posleak.capture.store import CaptureFolder, CaptureMemory, Captures, QKRecorder
 from posleak.data.batches import BOS_POLICIES, TokenBatch, iter_batches, load_token_file, make_sequences, shape_problems
 from posleak.data.corpus import load_corpus
 from posleak.errors import BadInput, PosleakError
@@ -50,6 +50,8 @@ from posleak.report.html import FigureBlock, Section, TableBlock, render_report
 from posleak.report.runfolder import COMPLETE, RunFolder, TokenCount, provenance
 from posleak.validate import Problems, out_folder_problems
 
+# Without a run folder (nothing to resume), captures up to this size stay in memory instead of a temporary folder.
+MEMORY_CAPTURES_BYTES = 1 << 30
 # Profile tables on the exact grid grow as T²·heads·layers rows: refused beyond this length.
 EXACT_TABLES_UP_TO = 256
 # The noise correction compares two halves of the sequences and the bootstrap resamples them.
@@ -298,14 +300,21 @@ def _analyze(
 ) -> AnalysisResult:
     table_grid = tables_grid(config, batch.seq_len)
     started = time.perf_counter()
-    with _capture_folder(run) as captures:
+    with _captures(run, model, batch) as captures:
         sink_heads = _capture(model, batch, config, captures, tokenizer, model_id, progress)
         forward_s = time.perf_counter() - started
         states = torch.cat(captures.extra("pos0"), dim=1)
         closed = closed_system(states, states[0])  # group by the vector at position 0 (after interventions)
         require_closed_system(closed)
+        windows = [window for layer in captures.layers() if (window := captures.facts(layer).window)]
         spec = MeasureSpec(
-            batch.seq_len, batch.num_seqs, table_grid, early=config.early, resamples=config.bootstrap, seed=config.seed
+            batch.seq_len,
+            batch.num_seqs,
+            table_grid,
+            early=config.early,
+            resamples=config.bootstrap,
+            seed=config.seed,
+            beyond=min(windows, default=None),
         )
         measured = Decomposition.of(_measure(captures, spec, run, model_id, progress), spec)
         measure_s = time.perf_counter() - started - forward_s
@@ -325,20 +334,34 @@ def _analyze(
 
 
 @contextmanager
-def _capture_folder(run: RunFolder | None) -> Iterator[CaptureFolder]:
-    """The run's own capture folder (kept for a resume until the run finishes), or a temporary one."""
+def _captures(run: RunFolder | None, model: PreTrainedModel, batch: TokenBatch) -> Iterator[Captures]:
+    """The run's own capture folder (kept for a resume until the run finishes); without a run folder, memory
+    when the captures fit MEMORY_CAPTURES_BYTES, else a temporary folder."""
     if run is not None:
         yield CaptureFolder(run.partial_dir / "captures")
         return
+    if capture_bytes(model, batch) <= MEMORY_CAPTURES_BYTES:
+        yield CaptureMemory()
+        return
     with tempfile.TemporaryDirectory(prefix="posleak-captures-") as folder:
         yield CaptureFolder(Path(folder))
+
+
+def capture_bytes(model: PreTrainedModel, batch: TokenBatch) -> int:
+    """What the captures of `batch` take: per layer and sequence, q, distinct keys and log Z in float32."""
+    config = model.config.get_text_config(decoder=True)
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    per_layer = batch.num_seqs * batch.seq_len * ((heads + kv) * dim + heads) * 4
+    return per_layer * config.num_hidden_layers
 
 
 def _capture(
     model: PreTrainedModel,
     batch: TokenBatch,
     config: AnalyzeConfig,
-    captures: CaptureFolder,
+    captures: Captures,
     tokenizer: PreTrainedTokenizerBase | None,
     model_id: str,
     progress: bool,
@@ -375,7 +398,7 @@ def _capture(
 
 
 def _measure(
-    captures: CaptureFolder, spec: MeasureSpec, run: RunFolder | None, model_id: str, progress: bool
+    captures: Captures, spec: MeasureSpec, run: RunFolder | None, model_id: str, progress: bool
 ) -> list[LayerResult]:
     """Measure every layer from its captures; each finished layer is kept for a resume."""
     results = []

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from posleak.errors import PosleakError
-from posleak.measure import LAYER_MAGNITUDES
+from posleak.measure import measured_magnitudes
 from posleak.report import figures
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
 from posleak.report.runfolder import RunFolder
@@ -79,7 +79,7 @@ def compare_runs(runs: Sequence[Path | str], *, out: Path | str, labels: Sequenc
             ylabel=f"{measure} magnitude",
             relative_depth=True,
         )
-        for measure in LAYER_MAGNITUDES
+        for measure in measured_magnitudes(*tables.values())
     ]
     manifest = {
         "status": "complete",

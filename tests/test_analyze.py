@@ -71,15 +71,13 @@ def test_run_folder_has_every_table_figure_and_report(tmp_path: Path) -> None:
         "layer",
         "head",
         "sink_score",
-        "mask_early",
-        "mask_all",
-        "resid_early",
-        "resid_all",
-        "resid_early_raw",
-        "resid_all_raw",
+        *(f"{kind}_{name}" for kind in ("mask", "resid") for name in ("early", "all", "beyond")),
+        *(f"resid_{name}_raw" for name in ("early", "all", "beyond")),
         "dr2_logit",
         "dr2_logattn",
     }
+    # the tiny Gemma 3 has a window of 16 < T = 40: the beyond range (16 ≤ i < 40) is measured
+    assert result.manifest["measurement"]["beyond"] == 16 and result.per_layer["resid_beyond"].notna().all()
     bounds = result.per_layer
     for name in LAYER_MAGNITUDES:
         assert (bounds[f"{name}_lo"] <= bounds[name] + 1e-12).all() and (

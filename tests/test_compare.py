@@ -20,7 +20,7 @@ from posleak.cli import main
 from posleak.compare import summarise
 from posleak.data.batches import TokenBatch
 from posleak.intervene import Interventions
-from posleak.measure import LAYER_MAGNITUDES
+from posleak.measure import LAYER_MAGNITUDES, measured_magnitudes
 
 
 def _expected(per_layer: pd.DataFrame) -> dict[str, float]:
@@ -98,8 +98,11 @@ def test_compare_command_on_run_folders(tmp_path: Path, capsys: pytest.CaptureFi
         for name, value in expected.items():
             assert got[name] == pytest.approx(value, rel=1e-9, abs=1e-12), (label, name)
     assert not np.allclose(summary["mask_all"].iloc[0], summary["mask_all"].iloc[1])  # the window acted
-    for measure in LAYER_MAGNITUDES:
+    measured = measured_magnitudes(*(pd.read_parquet(folder / "per_layer.parquet") for folder in runs.values()))
+    assert measured == [name for name in LAYER_MAGNITUDES if "beyond" not in name]  # one run has no window
+    for measure in measured:
         assert (out / "figures" / f"{measure}.png").stat().st_size > 1000
+    assert not (out / "figures" / "mask_beyond.png").exists()
     assert "tiny-llama window=8" in (out / "report.html").read_text()
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "complete" and manifest["runs"] == {k: str(v) for k, v in runs.items()}

@@ -22,7 +22,7 @@ from posleak.errors import PosleakError
 from posleak.intervene import Interventions
 from posleak.intervene.effect import effect_table, intervene
 from posleak.intervene.embedding import mean_embedding
-from posleak.measure import LAYER_MAGNITUDES
+from posleak.measure import LAYER_MAGNITUDES, measured_magnitudes
 from posleak.models.load import load_model
 
 T = 3 * WINDOW
@@ -220,6 +220,8 @@ RATIOS = {
     "mask_all": [1.2, 1.1, 0.9, 0.7],
     "resid_early": [0.6, 0.6, 0.3, 0.9],
     "resid_all": [2.0, 0.25, 1.0, 0.75],
+    "mask_beyond": [1.0, 0.5, 1.25, 1.1],
+    "resid_beyond": [0.9, 1.3, 0.4, 2.5],
 }
 
 
@@ -321,7 +323,9 @@ def _assert_effect_file_matches_the_runs(out: Path) -> None:
     effect = pd.read_parquet(out / "effect.parquet")
     base = pd.read_parquet(out / "baseline" / "per_layer.parquet").set_index("layer").sort_index()
     new = pd.read_parquet(out / "intervened" / "per_layer.parquet").set_index("layer").sort_index()
-    for measure in LAYER_MAGNITUDES:
+    measured = measured_magnitudes(base, new)  # "beyond" only where the model has a window shorter than T
+    assert sorted(effect["measure"].unique()) == sorted(measured)
+    for measure in measured:
         rows = effect[effect["measure"] == measure].set_index("layer")
         b, n = base[measure].to_numpy(), new[measure].to_numpy()
         with np.errstate(invalid="ignore", divide="ignore"):  # 0/0 where a noise-corrected magnitude is 0

@@ -15,6 +15,7 @@ with T: one layer's tensors of one batch during the forwards, one layer of all s
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -84,7 +85,7 @@ class QKRecorder:
 
     needs_attended_keys = False
 
-    def __init__(self, folder: CaptureFolder) -> None:
+    def __init__(self, folder: Captures) -> None:
         self.folder = folder
         self.batch: int | None = None
         self.facts: dict[int, CallFacts] = {}
@@ -100,10 +101,65 @@ class QKRecorder:
         self.folder.write_layer(self.batch, call.layer, tensors, facts)
 
 
-class CaptureFolder:
-    """Per batch, one safetensors file per layer (q, keys, log Z, and the call's facts as metadata) and,
-    written last, one with the batch's sequence indices and extra tensors: the batch is done when that
-    file exists. Every file is written atomically, so a killed run leaves whole files only."""
+class Captures(ABC):
+    """Where the forwards leave each batch's captures: per batch, each layer's q, keys and log Z with the call's
+    facts, then a closing record (sequence indices, extra tensors) that marks the batch done. Subclasses store
+    them; reading them back per layer, in sequence order, is shared."""
+
+    def has(self, batch: int) -> bool:
+        return batch in self.batches()
+
+    @abstractmethod
+    def write_layer(self, batch: int, layer: int, tensors: dict[str, torch.Tensor], facts: CallFacts) -> None: ...
+
+    @abstractmethod
+    def finish_batch(self, batch: int, sequence_index: torch.Tensor, extra: dict[str, torch.Tensor]) -> None:
+        """Mark the batch done, with its sequence indices and `extra` tensors (e.g. residual states)."""
+
+    @abstractmethod
+    def batches(self) -> list[int]:
+        """The finished batches, in order."""
+
+    @abstractmethod
+    def layers(self) -> list[int]: ...
+
+    @abstractmethod
+    def _layer_part(self, batch: int, layer: int) -> tuple[dict[str, torch.Tensor], CallFacts]: ...
+
+    @abstractmethod
+    def _closing(self, batch: int) -> dict[str, torch.Tensor]: ...
+
+    def extra(self, name: str) -> list[torch.Tensor]:
+        """The `extra` tensor `name` of every finished batch, in batch order."""
+        return [self._closing(batch)[f"extra.{name}"] for batch in self.batches()]
+
+    def facts(self, layer: int) -> CallFacts:
+        """How layer `layer` computed its attention (from the first finished batch)."""
+        return self._layer_part(self.batches()[0], layer)[1]
+
+    def layer(self, layer: int) -> LayerCapture:
+        """Layer `layer` of every finished batch, rows ordered by sequence index."""
+        parts: dict[str, list[torch.Tensor]] = {"query": [], "keys": [], "log_z": [], "index": []}
+        facts = None
+        for batch in self.batches():
+            tensors, batch_facts = self._layer_part(batch, layer)
+            if facts is not None and batch_facts != facts:
+                raise ValueError(f"layer {layer} computed differently in batch {batch}: {batch_facts} vs {facts}")
+            facts = batch_facts
+            for name in ("query", "keys", "log_z"):
+                parts[name].append(tensors[name])
+            parts["index"].append(self._closing(batch)["sequence_index"])
+        if facts is None:
+            raise ValueError("no captured batches")
+        order = torch.cat(parts["index"]).argsort()
+        query, keys, log_z = (torch.cat(parts[name])[order] for name in ("query", "keys", "log_z"))
+        return LayerCapture(layer=layer, facts=facts, query=query, keys=keys, log_z=log_z)
+
+
+class CaptureFolder(Captures):
+    """On disk: per batch one safetensors file per layer (the facts as metadata) and, written last, the closing
+    file. Every file is written atomically, so a killed run leaves whole files only, and the files are the
+    checkpoint of an interrupted run."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -123,18 +179,19 @@ class CaptureFolder:
         atomic_write(self.path / _LAYER_FILE.format(batch, layer), lambda file: file.write(blob), sync=False)
 
     def finish_batch(self, batch: int, sequence_index: torch.Tensor, extra: dict[str, torch.Tensor]) -> None:
-        """Mark the batch done, with its sequence indices and `extra` tensors (e.g. residual states)."""
         data = {f"extra.{name}": value.detach().contiguous() for name, value in extra.items()}
         blob = save(data | {"sequence_index": sequence_index.long().contiguous()})
         atomic_write(self._done_path(batch), lambda file: file.write(blob))
 
     def batches(self) -> list[int]:
-        """The finished batches, in order."""
         return sorted(int(path.name[5:10]) for path in self.path.glob(_DONE_FILE.replace("{:05d}", "?" * 5)))
 
-    def extra(self, name: str) -> list[torch.Tensor]:
-        """The `extra` tensor `name` of every finished batch, in batch order."""
-        return [load_file(self._done_path(batch))[f"extra.{name}"] for batch in self.batches()]
+    def _layer_part(self, batch: int, layer: int) -> tuple[dict[str, torch.Tensor], CallFacts]:
+        with safe_open(str(self.path / _LAYER_FILE.format(batch, layer)), framework="pt") as file:
+            return {name: file.get_tensor(name) for name in file.keys()}, _facts(file.metadata())
+
+    def _closing(self, batch: int) -> dict[str, torch.Tensor]:
+        return load_file(self._done_path(batch))
 
     def layers(self) -> list[int]:
         batches = self.batches()
@@ -143,23 +200,37 @@ class CaptureFolder:
         pattern = _LAYER_FILE.format(batches[0], 0).replace("layer000", "layer???")
         return sorted(int(path.name.split(".layer")[1][:3]) for path in self.path.glob(pattern))
 
-    def layer(self, layer: int) -> LayerCapture:
-        """Layer `layer` of every finished batch, rows ordered by sequence index."""
-        parts: dict[str, list[torch.Tensor]] = {"query": [], "keys": [], "log_z": [], "index": []}
-        facts = None
-        for batch in self.batches():
-            path = self.path / _LAYER_FILE.format(batch, layer)
-            with safe_open(str(path), framework="pt") as file:
-                stored = json.loads(file.metadata()["facts"])
-                batch_facts = CallFacts(**{**stored, "sink": None if stored["sink"] is None else tuple(stored["sink"])})
-                if facts is not None and batch_facts != facts:
-                    raise ValueError(f"layer {layer} computed differently in {path.name}: {batch_facts} vs {facts}")
-                facts = batch_facts
-                for name in ("query", "keys", "log_z"):
-                    parts[name].append(file.get_tensor(name))
-            parts["index"].append(load_file(self._done_path(batch))["sequence_index"])
-        if facts is None:
-            raise ValueError(f"no captured batches in {self.path}")
-        order = torch.cat(parts["index"]).argsort()
-        query, keys, log_z = (torch.cat(parts[name])[order] for name in ("query", "keys", "log_z"))
-        return LayerCapture(layer=layer, facts=facts, query=query, keys=keys, log_z=log_z)
+
+class CaptureMemory(Captures):
+    """In memory, for a run without a folder to resume from: the same records, no disk."""
+
+    def __init__(self) -> None:
+        self._layers: dict[int, dict[int, tuple[dict[str, torch.Tensor], CallFacts]]] = {}
+        self._done: dict[int, dict[str, torch.Tensor]] = {}
+
+    def write_layer(self, batch: int, layer: int, tensors: dict[str, torch.Tensor], facts: CallFacts) -> None:
+        kept = {name: value.detach().clone(memory_format=torch.contiguous_format) for name, value in tensors.items()}
+        self._layers.setdefault(batch, {})[layer] = kept, facts
+
+    def finish_batch(self, batch: int, sequence_index: torch.Tensor, extra: dict[str, torch.Tensor]) -> None:
+        self._done[batch] = {f"extra.{name}": value.detach().clone() for name, value in extra.items()} | {
+            "sequence_index": sequence_index.long().clone()
+        }
+
+    def batches(self) -> list[int]:
+        return sorted(self._done)
+
+    def _layer_part(self, batch: int, layer: int) -> tuple[dict[str, torch.Tensor], CallFacts]:
+        return self._layers[batch][layer]
+
+    def _closing(self, batch: int) -> dict[str, torch.Tensor]:
+        return self._done[batch]
+
+    def layers(self) -> list[int]:
+        batches = self.batches()
+        return sorted(self._layers[batches[0]]) if batches else []
+
+
+def _facts(metadata: dict[str, str]) -> CallFacts:
+    stored = json.loads(metadata["facts"])
+    return CallFacts(**{**stored, "sink": None if stored["sink"] is None else tuple(stored["sink"])})

@@ -32,7 +32,7 @@ from posleak.analyze import (
 from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
 from posleak.intervene.spec import Interventions
-from posleak.measure import LAYER_MAGNITUDES, percentile_interval
+from posleak.measure import measured_magnitudes, percentile_interval
 from posleak.models.load import LoadedModel
 from posleak.report import figures
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
@@ -153,7 +153,7 @@ def without_bos(batch: TokenBatch) -> TokenBatch:
 def effect_table(baseline: AnalysisResult, intervened: AnalysisResult, level: float = 0.95) -> pd.DataFrame:
     """Columns `layer, measure, baseline, intervened, pct_change, pct_lo, pct_hi` (layer −1: overall)."""
     rows = []
-    for measure in LAYER_MAGNITUDES:
+    for measure in measured_magnitudes(baseline.per_layer, intervened.per_layer):
         base, new = _by_layer(baseline.per_layer, measure), _by_layer(intervened.per_layer, measure)
         base_boot, new_boot = _resampled(baseline.bootstrap, measure), _resampled(intervened.bootstrap, measure)
         layers = [*base.index, OVERALL]
@@ -209,7 +209,7 @@ def _report(
             title=f"{measure} with and without the intervention",
             ylabel=f"{measure} magnitude",
         )
-        for measure in LAYER_MAGNITUDES
+        for measure in measured_magnitudes(baseline.per_layer, intervened.per_layer)
     ]
     described = config.interventions.describe() | ({"bos": "off"} if config.bos == "off" else {})
     overall = effect[effect["layer"] == OVERALL]

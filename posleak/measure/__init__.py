@@ -8,6 +8,7 @@ from posleak.measure.decomposition import (
     LayerResult,
     MeasureSpec,
     measure_layer,
+    measured_magnitudes,
 )
 from posleak.measure.grid import CellLayout, Grid, GridKind
 from posleak.measure.layer_sums import LayerSums, segment_boundaries, sum_layer
@@ -30,6 +31,7 @@ __all__ = [
     "magnitudes",
     "mask_component",
     "measure_layer",
+    "measured_magnitudes",
     "percentile_interval",
     "profile",
     "resample_weights",

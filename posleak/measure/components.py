@@ -30,7 +30,10 @@ import torch
 from posleak.measure.grid import CellLayout
 from posleak.measure.layer_sums import LayerSums
 
-MAGNITUDES = ("mask_early", "mask_all", "resid_early", "resid_all", "resid_early_raw", "resid_all_raw")
+RANGES = ("early", "all", "beyond")
+MAGNITUDES = tuple(f"{kind}_{name}" for kind in ("mask", "resid") for name in RANGES) + tuple(
+    f"resid_{name}_raw" for name in RANGES
+)
 # (R, H, T) float64 elements per array in one chunk of resamples (about a dozen such arrays are alive).
 _CHUNK_ELEMENTS = 1 << 21
 
@@ -146,7 +149,9 @@ class Moments:
         out = {}
         for name, moments in self.ranges.items():
             out |= weighting.range_magnitudes(name, moments)
-        return {name: out[name] for name in MAGNITUDES}
+        # a range the layer does not have (no window: no "beyond") is NaN
+        missing = torch.full((weights.shape[0], self.sums.rows.shape[1]), float("nan"), dtype=torch.float64)
+        return {name: out.get(name, missing) for name in MAGNITUDES}
 
 
 @dataclass
@@ -174,6 +179,8 @@ class _Weighting:
         against = torch.einsum("khi,rhi->rhk", moments.against_m, m)  # (R, H, 3N)
         m_rows, m_prefix, m_log_z = against.split(against.shape[-1] // 3, dim=-1)
         m_sum, m_sq = (moments.valid * m).sum(-1), (moments.valid * m.square()).sum(-1)
+        # centred, not m_sq/n − mean²: m is constant past a sliding window, and its variance there is 0
+        mask = (moments.valid * (m - (m_sum / n)[..., None]).square()).sum(-1) / n
         linear, quadratic = self.linear, self.quadratic
 
         def total(x: str) -> torch.Tensor:  # Σ over the range's pairs of r_X
@@ -202,7 +209,6 @@ class _Weighting:
                 + shift_shift
             )
 
-        mask = m_sq / n - (m_sum / n) ** 2
         raw = product("all", "all") / n - (total("all") / n) ** 2
         corrected = product("a", "b") / n - total("a") * total("b") / n**2
         return {

@@ -26,12 +26,22 @@ from posleak.capture.masks import MaskSpec
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.capture.store import LayerCapture
 from posleak.measure.bootstrap import percentile_interval, resample_weights
-from posleak.measure.components import MAGNITUDES, LayerProfile, Moments, profile
+from posleak.measure.components import MAGNITUDES, RANGES, LayerProfile, Moments, profile
 from posleak.measure.grid import CellLayout, Grid
 from posleak.measure.layer_sums import SumsPath, segment_boundaries, sum_layer
 from posleak.measure.regression import DesignMoments, delta_r2, running_sums
 
-LAYER_MAGNITUDES = ("mask_early", "mask_all", "resid_early", "resid_all")
+LAYER_MAGNITUDES = tuple(f"{kind}_{name}" for kind in ("mask", "resid") for name in RANGES)
+
+
+def measured_magnitudes(*per_layer: pd.DataFrame) -> list[str]:
+    """The layer magnitudes that every one of these per-layer tables has measured (a column with a value):
+    the range "beyond" exists only for models with a sliding window shorter than the sequences."""
+    return [
+        name
+        for name in LAYER_MAGNITUDES
+        if all(name in table and table[name].notna().any() for table in per_layer)
+    ]
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,7 @@ class MeasureSpec:
     seed: int = 0
     level: float = 0.95
     path: SumsPath = "auto"
+    beyond: int | None = None  # the model's sliding window W, where it has one (range "beyond")
 
     def __post_init__(self) -> None:
         if self.num_seqs < 1 or self.early < 1:
@@ -57,7 +68,12 @@ class MeasureSpec:
 
     @property
     def ranges(self) -> dict[str, tuple[int, int]]:
-        return {"early": (1, min(self.early, self.seq_len)), "all": (1, self.seq_len)}
+        """early = 1 ≤ i < K, all = 1 ≤ i < T, and for a model with a sliding window W < T, beyond = W ≤ i < T:
+        the queries that see no sink directly, whose absolute position must come through hidden states."""
+        ranges = {"early": (1, min(self.early, self.seq_len)), "all": (1, self.seq_len)}
+        if self.beyond is not None and 1 <= self.beyond < self.seq_len:
+            ranges["beyond"] = (self.beyond, self.seq_len)
+        return ranges
 
     @property
     def bootstrap_note(self) -> str | None:
@@ -152,6 +168,7 @@ class Decomposition:
     bootstrap_note: str | None  # why there are no intervals, when there are none
     num_seqs: int
     early: int
+    beyond: int | None
     resamples: int
     seed: int
 
@@ -178,6 +195,7 @@ class Decomposition:
             bootstrap_note=spec.bootstrap_note,
             num_seqs=spec.num_seqs,
             early=spec.early,
+            beyond=spec.beyond if "beyond" in spec.ranges else None,
             resamples=spec.resamples,
             seed=spec.seed,
         )
@@ -255,6 +273,7 @@ class Decomposition:
             "table_grid": self.grid.describe(),
             "num_seqs": self.num_seqs,
             "early": self.early,
+            "beyond": self.beyond,
             "bootstrap": {"resamples": self.resamples, "seed": self.seed, "level": self.level},
             "bootstrap_note": self.bootstrap_note,
         }
