@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,41 @@ def check_in_chromium(report: Path, tmp_path: Path) -> int:
     widths = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', dumped.stdout).group(1))
     assert widths and all(width > 0 for width in widths), widths
     return len(widths)
+
+
+class _Sections(HTMLParser):
+    """Counts, per <h2> of a dumped DOM, the <table> elements that follow it and have at least one data row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, int] = {}
+        self._heading: str | None = None
+        self._in_h2 = False
+        self._rows = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "h2":
+            self._in_h2, self._heading = True, ""
+        elif tag == "table":
+            self._rows = 0
+        elif tag == "td" and self._heading is not None:
+            self._rows += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "h2":
+            self._in_h2 = False
+            self.tables.setdefault(self._heading or "", 0)
+        elif tag == "table" and self._heading is not None and self._rows:
+            self.tables[self._heading] += 1
+
+    def handle_data(self, data: str) -> None:
+        if self._in_h2 and self._heading is not None:
+            self._heading += data.strip() if not self._heading else " " + data.strip()
+
+
+def section_tables(report: Path, tmp_path: Path) -> dict[str, int]:
+    """Per section heading, the tables with data cells that Chromium built from `report` (its DOM, not the file)."""
+    dumped = _chromium(tmp_path / "profile-tables", "--dump-dom", "--virtual-time-budget=5000", report.as_uri())
+    parser = _Sections()
+    parser.feed(dumped.stdout)
+    return parser.tables

@@ -1,7 +1,7 @@
 """A brute-force reference for posleak's measurements: every logit materialised in float64, the method's
 definitions (docs/method.md) applied literally, one (query, offset) pair at a time.
 
-It shares no code with what it checks: nothing here imports posleak.measure or posleak.capture.
+It shares no code with what it checks: it imports nothing from posleak's measuring or capturing packages.
 `LogitRecorder` wraps whatever attention function the model runs (through transformers' own registry) and
 keeps the q and k each call receives; the logits, the masks (causal, sliding window, bidirectional prefix),
 log Z_i (log-sum-exp of its own logits, plus any sink logit), the query ranges and the table grid's bins

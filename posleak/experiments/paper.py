@@ -1,20 +1,23 @@
-"""`posleak paper`: the reproduction of claims C1–C6 (DESIGN.md §1) on the built-in models.
+"""`posleak paper`: the reproduction of claims C1–C6 of arXiv 2606.06160 on the built-in models.
 
-Every run is an ordinary `analyze` run folder under `OUT/runs/`, so an interrupted reproduction
-resumes run by run. The verdict of each claim is computed by a criterion written below, in code,
-before any data are seen; the report shows the criterion beside the numbers.
+Every analysis is an ordinary `analyze` run folder under `OUT/runs/` and every lab model a lab trial under
+`OUT/lab/`, so an interrupted reproduction resumes where it stopped. Each claim is judged by a criterion
+written in claims.py before any data were seen, on two disjoint samples of sequences (A and B): the
+sequences of each model are drawn once and split in halves, and every analysis, intervention and control
+runs on each half. A claim is consistent, or not consistent, only where both samples say so.
 
-Models: smollm2-135m (standard RoPE, θ = 1e5), gemma3-270m (5 sliding layers of W = 512 to one
-global; sequences longer than the window), qwen2.5-coder-0.5b (RoPE θ = 1e6), and smollm2-135m
-with NTK-aware scaling at two factors.
+Models: smollm2-135m (standard RoPE, θ = 1e5), gemma3-270m (5 sliding layers of W = 512 to one global;
+sequences longer than the window), qwen2.5-coder-0.5b (RoPE trained with θ = 1e6), smollm2-135m with
+NTK-aware scaling at inference, and, for C4's controlled line, a lab decoder of 8 layers trained three ways.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +31,30 @@ from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.compare import summarise
 from posleak.data.batches import TokenBatch, iter_batches
 from posleak.errors import BadInput
+from posleak.experiments import claims as criteria
+from posleak.experiments.claims import Claim, Judgement, LabRuns
+from posleak.experiments.evidence import Estimate, depth_slope, percent_change
 from posleak.intervene import Interventions
-from posleak.intervene.effect import OVERALL, effect_table, without_bos
+from posleak.intervene.effect import without_bos
+from posleak.lab.config import LabSpec
+from posleak.lab.sweep import run_trials
+from posleak.lab.trainer import TrainConfig
+from posleak.lab.trial import EvalConfig, Trial, trial_folder
 from posleak.measure.position0 import fingerprint_constancy
 from posleak.models.load import LoadedModel
 from posleak.report import figures
-from posleak.report.html import FigureBlock, Section, TableBlock, Verdict, render_report
+from posleak.report.html import FigureBlock, Section, TableBlock, render_report
 from posleak.report.runfolder import RunFolder, atomic_write
 from posleak.validate import out_folder_problems
 
-PAPER_BOS_REMOVED = 40.0  # C5: the paper's "about 40%" of the early residual-stream component
+SAMPLES = ("A", "B")
+PATCH_SOURCE = "the"  # C3: position 0's trajectory is replaced by this token's (one token in every tokenizer here)
+LAB_VARIANTS = ("rope", "window", "ntk")
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Sizes of one reproduction; `--quick` fits in 15 minutes on 2 cores, `--full` is the real one."""
+    """Sizes of one reproduction, per sample (two disjoint samples); `--quick` fits in 15 minutes on 2 cores."""
 
     name: str
     seq_len: int
@@ -51,53 +63,52 @@ class Plan:
     gemma_num_seqs: int
     qwen_num_seqs: int
     ntk_factors: tuple[float, ...]
-    sink_readers: int  # sink heads whose value at key 0 is ablated one at a time
+    control_draws: int  # C3: draws of as many random non-sink heads as there are sink heads
     fingerprint_seqs: int
     bootstrap: int
+    lab_steps: int  # C4's controlled line: training steps of each lab model
+    lab_seq_len: int
+    lab_seeds: tuple[int, ...]
+    lab_analyze_seqs: int
     batch_size: int = 4
     cross_documents: bool = False
+    provisional: bool = False  # small samples: the report says its verdicts are provisional
 
 
 QUICK = Plan(
     name="quick",
     seq_len=256,
-    num_seqs=16,
+    num_seqs=8,
     gemma_seq_len=640,
-    gemma_num_seqs=8,
-    qwen_num_seqs=8,
+    gemma_num_seqs=4,
+    qwen_num_seqs=4,
     ntk_factors=(4.0, 16.0),
-    sink_readers=4,
-    fingerprint_seqs=16,
+    control_draws=2,
+    fingerprint_seqs=8,
     bootstrap=200,
+    lab_steps=300,
+    lab_seq_len=64,
+    lab_seeds=(0, 1),
+    lab_analyze_seqs=16,
+    provisional=True,
 )
 FULL = Plan(
     name="full",
     seq_len=1024,
-    num_seqs=64,
+    num_seqs=24,
     gemma_seq_len=1536,
-    gemma_num_seqs=32,
-    qwen_num_seqs=32,
+    gemma_num_seqs=8,
+    qwen_num_seqs=8,
     ntk_factors=(2.0, 4.0, 16.0),
-    sink_readers=16,
-    fingerprint_seqs=64,
+    control_draws=4,
+    fingerprint_seqs=32,
     bootstrap=1000,
+    lab_steps=1200,
+    lab_seq_len=128,
+    lab_seeds=(0, 1, 2),
+    lab_analyze_seqs=32,
     cross_documents=True,  # the stdlib corpus holds few single documents of 1024+ tokens
 )
-
-
-@dataclass
-class Claim:
-    claim: str
-    statement: str
-    verdict: Verdict
-    numbers: dict[str, Any]
-    criterion: str
-    figures: list[Path] = field(default_factory=list)
-    tables: list[TableBlock] = field(default_factory=list)
-    method: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"claim": self.claim, "verdict": self.verdict, "numbers": self.numbers, "criterion": self.criterion}
 
 
 class Reproduction:
@@ -119,6 +130,7 @@ class Reproduction:
         return self._models[key]
 
     def config(self, model: str, **changes: Any) -> AnalyzeConfig:
+        """The analysis of one sample of `model` (num_seqs per sample)."""
         plan = self.plan
         seq_len, num_seqs = plan.seq_len, plan.num_seqs
         if model == "gemma3-270m":
@@ -134,231 +146,29 @@ class Reproduction:
         )
         return dataclasses.replace(base, **changes)
 
-    def run(self, name: str, model: str, config: AnalyzeConfig, batch: TokenBatch | None = None) -> AnalysisResult:
+    def sample(self, model: str, config: AnalyzeConfig, sample: str) -> TokenBatch:
+        """Sample A or B: the first or second half of 2·num_seqs sequences drawn once (disjoint by construction)."""
+        both = sequences_for(self.model(model), dataclasses.replace(config, num_seqs=2 * config.num_seqs))
+        return half(both, SAMPLES.index(sample))
+
+    def run(self, name: str, model: str, config: AnalyzeConfig, sample: str) -> AnalysisResult:
         loaded = self.model(model, config.interventions)
-        batch = batch if batch is not None else sequences_for(loaded, config)
+        batch = self.sample(model, dataclasses.replace(config, interventions=Interventions()), sample)
         return analyze_model(
-            loaded.model, batch, config, out=self.out.path / "runs" / name, loaded=loaded, progress=self.progress
+            loaded.model,
+            batch,
+            config,
+            out=self.out.path / "runs" / f"{name}-{sample}",
+            loaded=loaded,
+            progress=self.progress,
         )
 
 
-# ------------------------------------------------------------------------------------------ claims
-
-
-def _pct(effect: pd.DataFrame, measure: str, layer: int = OVERALL) -> dict[str, float]:
-    row = effect[(effect["layer"] == layer) & (effect["measure"] == measure)].iloc[0]
-    return {name: float(row[name]) for name in ("pct_change", "pct_lo", "pct_hi")}
-
-
-def _verdict(consistent: bool, not_consistent: bool) -> Verdict:
-    """The three-way verdict of a criterion: `consistent` wins when both conditions hold."""
-    if consistent:
-        return "consistent"
-    return "not consistent" if not_consistent else "inconclusive"
-
-
-def _share_positive(per_layer: pd.DataFrame, column: str) -> float:
-    """Share of layers whose bootstrap lower bound of `column` is above zero."""
-    return float((per_layer[f"{column}_lo"] > 0).mean())
-
-
-C1_CRITERION = (
-    "consistent if in every model both components are present: the noise-corrected residual-stream magnitude "
-    "(all queries) has a bootstrap lower bound > 0 in at least half of the layers and the causal-mask magnitude "
-    "is > 0 in every layer; not consistent if neither holds in any model; otherwise inconclusive"
-)
-
-
-def claim_c1(runs: dict[str, AnalysisResult]) -> Claim:
-    numbers: dict[str, Any] = {}
-    holds = []
-    for label, result in runs.items():
-        per_layer, per_head = result.per_layer, result.per_head
-        resid_share = _share_positive(per_layer, "resid_all")
-        mask_all_layers = bool((per_layer["mask_all"] > 0).all())
-        numbers[label] = {
-            "layers_with_resid_lo_above_0": resid_share,
-            "mask_all_mean": float(per_layer["mask_all"].mean()),
-            "resid_all_mean": float(per_layer["resid_all"].mean()),
-            "dr2_logattn_median": float(per_head["dr2_logattn"].median()),
-            "dr2_logit_median": float(per_head["dr2_logit"].median()),
-        }
-        holds.append((resid_share >= 0.5 and mask_all_layers, resid_share > 0 or mask_all_layers))
-    verdict = _verdict(all(h for h, _ in holds), not any(a for _, a in holds))
-    return Claim(
-        "C1",
-        "RoPE-trained models show absolute position in their attention patterns.",
-        verdict,
-        numbers,
-        C1_CRITERION,
-        method="Decomposition of DESIGN.md §3.1 of each model's log-attention; ΔR² (log-attention, logits) for "
-        "comparison with earlier work.",
-    )
-
-
-C2_CRITERION = (
-    "consistent if in every model the causal-mask magnitude over early queries has a bootstrap lower bound > 0 "
-    "in at least 90% of layers and m(i) falls with i (Spearman ρ(m, i) < 0 over early queries, mean over "
-    "heads) in at least 90% of layers; not consistent if either share is below 50% in every model; else inconclusive"
-)
-
-
-def _m_trend(profiles: pd.DataFrame, early: int) -> pd.Series:
-    """Per layer: Spearman ρ between m(i) (mean over heads, per query bin) and i, over early queries."""
-    rows = profiles[profiles["q_hi"] < early]
-    m = rows.groupby(["layer", "q_lo"])["m"].mean().reset_index()
-    return m.groupby("layer").apply(lambda df: df["q_lo"].rank().corr(df["m"].rank()), include_groups=False)
-
-
-def claim_c2(runs: dict[str, AnalysisResult]) -> Claim:
-    numbers: dict[str, Any] = {}
-    verdicts = []
-    for label, result in runs.items():
-        share = _share_positive(result.per_layer, "mask_early")
-        trend = _m_trend(result.profiles, int(result.manifest["early"]))
-        falling = float((trend < 0).mean())
-        numbers[label] = {"layers_mask_early_lo_above_0": share, "layers_m_falling": falling}
-        verdicts.append((share >= 0.9 and falling >= 0.9, share < 0.5 or falling < 0.5))
-    verdict = _verdict(all(ok for ok, _ in verdicts), all(bad for _, bad in verdicts))
-    return Claim(
-        "C2",
-        "The causal mask makes the softmax denominator depend on the query position.",
-        verdict,
-        numbers,
-        C2_CRITERION,
-        method="m(i) = −logsumexp over the offsets the mask admits of the relative part g(d).",
-    )
-
-
-C3_CRITERION = (
-    "consistent if the closed-system check holds in every run and ablating the value at key 0 of at least one "
-    "sink head lowers the residual-stream magnitude of the later layers with a 95% interval below 0; not "
-    "consistent if the closed system fails or no ablation lowers it (every interval above 0); else inconclusive"
-)
-
-
-def claim_c3(all_runs: list[AnalysisResult], readers: pd.DataFrame) -> Claim:
-    closed = all(bool(r.manifest["closed_system"]["holds"]) for r in all_runs)
-    spread = max(float(r.manifest["closed_system"]["max_rel_spread"]) for r in all_runs)
-    lowering = int((readers["effect_hi"] < 0).sum()) if len(readers) else 0
-    raising = bool(len(readers)) and bool((readers["effect_lo"] > 0).all())
-    verdict = _verdict(closed and lowering > 0, not closed or raising)
-    numbers = {
-        "closed_system_holds_in_all_runs": closed,
-        "closed_system_max_rel_spread": spread,
-        "sink_heads_ablated": len(readers),
-        "sink_heads_whose_ablation_lowers_later_resid": lowering,
-        "strongest_reader": readers.iloc[0][["layer", "head", "effect", "effect_lo", "effect_hi"]].to_dict()
-        if len(readers)
-        else None,
-    }
-    return Claim(
-        "C3",
-        "Position 0 is a closed system; later queries read its trajectory through sink-reading heads.",
-        verdict,
-        numbers,
-        C3_CRITERION,
-        tables=[TableBlock("Sink-reading heads", readers, source="sink_readers.parquet")],
-        method="h_0^(l) compared across inputs sharing the token at position 0, in every run; each of the "
-        "strongest sink heads (α₀ > 0.3) has its value at key 0 zeroed for queries i ≥ 1, and the change of the "
-        "residual-stream magnitude (all queries) of the layers after it is measured (paired bootstrap).",
-    )
-
-
-C4_CRITERION = (
-    "consistent if (a) NTK scaling at the largest factor lowers the residual-stream magnitude (95% interval of "
-    "the overall change below 0) and (b) in the sliding-window model the residual-stream magnitude grows with "
-    "depth (slope > 0 and Spearman ρ > 0.3); not consistent if both fail; inconclusive if one holds"
-)
-
-
-def claim_c4(summary: pd.DataFrame, ntk_effects: dict[float, pd.DataFrame], sliding_label: str) -> Claim:
-    largest = max(ntk_effects)
-    ntk = _pct(ntk_effects[largest], "resid_all")
-    sliding = summary.set_index("run").loc[sliding_label]
-    a = ntk["pct_hi"] < 0
-    b = sliding["resid_all_slope"] > 0 and sliding["resid_all_spearman"] > 0.3
-    verdict = _verdict(a and b, not (a or b))
-    numbers = {
-        "ntk_effect_on_resid_all": {str(k): _pct(v, "resid_all") for k, v in ntk_effects.items()},
-        "ntk_effect_on_mask_all": {str(k): _pct(v, "mask_all") for k, v in ntk_effects.items()},
-        "sliding_resid_slope": float(sliding["resid_all_slope"]),
-        "sliding_resid_spearman": float(sliding["resid_all_spearman"]),
-        "mask_share_all": summary.set_index("run")["mask_share_all"].to_dict(),
-        "resid_spearman_all": summary.set_index("run")["resid_all_spearman"].to_dict(),
-    }
-    return Claim(
-        "C4",
-        "Both components appear in every architecture, in a different balance: NTK suppresses the residual-stream "
-        "component, sliding windows let it accumulate with depth, standard RoPE sits between.",
-        verdict,
-        numbers,
-        C4_CRITERION,
-        tables=[TableBlock("Architecture comparison", summary, source="comparison.parquet")],
-        method="The same decomposition across models and RoPE variants (DESIGN.md §3.5).",
-    )
-
-
-C5_CRITERION = (
-    f"removed = −(overall % change of the early residual-stream magnitude). Consistent if for at least one "
-    f"replacement the 95% interval of `removed` lies above 0 and meets [20%, 60%] (the paper's "
-    f"{PAPER_BOS_REMOVED:.0f}% ± 20); not consistent if every replacement's interval lies outside [20%, 60%] or "
-    f"includes no reduction; else inconclusive"
-)
-
-
-def claim_c5(effects: dict[str, pd.DataFrame]) -> Claim:
-    numbers: dict[str, Any] = {"paper": PAPER_BOS_REMOVED}
-    meets, outside = [], []
-    for kind, effect in effects.items():
-        pct = _pct(effect, "resid_early")
-        removed = {"removed": -pct["pct_change"], "removed_lo": -pct["pct_hi"], "removed_hi": -pct["pct_lo"]}
-        numbers[kind] = removed
-        meets.append(removed["removed_lo"] > 0 and removed["removed_hi"] >= 20 and removed["removed_lo"] <= 60)
-        outside.append(removed["removed_hi"] < 20 or removed["removed_lo"] > 60 or removed["removed_hi"] <= 0)
-    verdict = _verdict(any(meets), all(outside))
-    return Claim(
-        "C5",
-        f"Replacing the BOS embedding removes about {PAPER_BOS_REMOVED:.0f}% of the residual-stream component at "
-        "early queries.",
-        verdict,
-        numbers,
-        C5_CRITERION,
-        method="The embedding-module output at position 0 replaced by the vocabulary mean, a random vector of the "
-        "same norm, or zeros, before the forward pass; same sequences as the baseline.",
-    )
-
-
-C6_CRITERION = (
-    "consistent if, in every model, the mean pairwise cosine of h_0 across inputs is ≥ 0.9999 in every layer with "
-    "a BOS at position 0 and below 0.99 in at least one layer without it; not consistent if either fails in "
-    "every model; else inconclusive"
-)
-
-
-def claim_c6(fingerprints: dict[str, pd.DataFrame]) -> Claim:
-    numbers: dict[str, Any] = {}
-    checks = []
-    for label, table in fingerprints.items():
-        constant = bool((table["fingerprint_cos_bos"] >= 0.9999).all())
-        varies = bool((table["fingerprint_cos_nobos"] < 0.99).any())
-        numbers[label] = {
-            "min_cos_with_bos": float(table["fingerprint_cos_bos"].min()),
-            "min_cos_without_bos": float(table["fingerprint_cos_nobos"].min()),
-            "mean_cos_without_bos": float(table["fingerprint_cos_nobos"].mean()),
-        }
-        checks.append((constant and varies, not constant or not varies))
-    verdict = _verdict(all(ok for ok, _ in checks), all(bad for _, bad in checks))
-    return Claim(
-        "C6",
-        "Attention sinks pass forward a deterministic fingerprint of the token at position 0: constant across "
-        "inputs with an auto-prepended BOS, varying with the token otherwise.",
-        verdict,
-        numbers,
-        C6_CRITERION,
-        tables=[TableBlock(f"Fingerprint constancy: {label}", t, max_rows=40) for label, t in fingerprints.items()],
-        method="Mean pairwise cosine similarity of h_0^(l) across inputs, per resid index l (0 = embedding output).",
-    )
+def half(batch: TokenBatch, index: int) -> TokenBatch:
+    """Rows [index·n, (index + 1)·n) of a batch of 2n rows."""
+    n = batch.num_seqs // 2
+    rows = slice(index * n, (index + 1) * n)
+    return dataclasses.replace(batch, ids=batch.ids[rows], pos0_token_ids=batch.pos0_token_ids[rows])
 
 
 # --------------------------------------------------------------------------------------- measures
@@ -374,11 +184,11 @@ def position0_states(loaded: LoadedModel, batch: TokenBatch, batch_size: int) ->
     return capture.states()[:, :, 0]
 
 
-def fingerprint_table(repro: Reproduction, model: str) -> pd.DataFrame:
-    """`layer, fingerprint_cos_bos, fingerprint_cos_nobos` for one model."""
+def fingerprint_table(repro: Reproduction, model: str, sample: str) -> pd.DataFrame:
+    """`layer, fingerprint_cos_bos, fingerprint_cos_nobos` for one model and sample."""
     loaded = repro.model(model)
     config = repro.config(model, seq_len=32, num_seqs=repro.plan.fingerprint_seqs, bos="on")
-    with_bos = sequences_for(loaded, config)
+    with_bos = repro.sample(model, config, sample)
     states_bos = position0_states(loaded, with_bos, repro.plan.batch_size)
     states_nobos = position0_states(loaded, without_bos(with_bos), repro.plan.batch_size)
     return pd.DataFrame(
@@ -390,45 +200,102 @@ def fingerprint_table(repro: Reproduction, model: str) -> pd.DataFrame:
     )
 
 
-def strongest_sink_heads(per_head: pd.DataFrame, count: int) -> pd.DataFrame:
-    """The `count` sink heads (α₀ > ε) of highest sink score, outside the model's last layer (a head there has no
-    later layers to change)."""
+def sink_heads(per_head: pd.DataFrame) -> pd.DataFrame:
+    """Every sink head (α₀ > ε) outside the model's last layer (a head there has no later layers to change),
+    strongest first."""
     heads = per_head[(per_head["sink_score"] > SINK_THRESHOLD) & (per_head["layer"] < per_head["layer"].max())]
-    return heads.sort_values("sink_score", ascending=False).head(count)
+    return heads.sort_values("sink_score", ascending=False).reset_index(drop=True)
 
 
-def sink_readers(repro: Reproduction, model: str, baseline: AnalysisResult, name: str) -> pd.DataFrame:
-    """Rank the strongest sink heads by the effect of ablating their value at key 0 on later layers."""
-    heads = strongest_sink_heads(baseline.per_head, repro.plan.sink_readers)
-    config = repro.config(model)
-    batch = sequences_for(repro.model(model), config)
-    rows = []
-    for head in heads.itertuples():
-        spec = f"{head.layer}.{head.head}"
-        ablated = repro.run(
-            f"{name}-ablate-{spec}",
-            model,
-            dataclasses.replace(config, interventions=Interventions(ablate_sink_values=spec)),
-            batch,
+def control_heads(per_head: pd.DataFrame, count: int, draw: int) -> pd.DataFrame:
+    """`count` heads drawn at random (seed `draw`) from the non-sink heads outside the last layer."""
+    pool = per_head[(per_head["sink_score"] <= SINK_THRESHOLD) & (per_head["layer"] < per_head["layer"].max())]
+    order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(draw))[:count]
+    return pool.iloc[order.tolist()].sort_values(["layer", "head"]).reset_index(drop=True)
+
+
+def head_list(heads: pd.DataFrame) -> str:
+    """The `--ablate-sink-values` form of a table of heads: L.H,L.H,..."""
+    return ",".join(f"{layer}.{head}" for layer, head in zip(heads["layer"], heads["head"], strict=True))
+
+
+@dataclass
+class SinkEvidence:
+    """C3 on one sample: the heads ablated, and the % change of the later layers' resid_all under each run."""
+
+    sinks: pd.DataFrame
+    controls: list[pd.DataFrame]
+    joint: Estimate
+    control_changes: list[Estimate]
+    patch: Estimate
+    later: list[int]
+
+    def table(self) -> pd.DataFrame:
+        rows = [("joint sink-head ablation", head_list(self.sinks), self.joint)]
+        rows += [
+            (f"control draw {k}", head_list(c), e)
+            for k, (c, e) in enumerate(zip(self.controls, self.control_changes, strict=True))
+        ]
+        rows.append((f"position-0 patch from {PATCH_SOURCE!r}", "-", self.patch))
+        return pd.DataFrame(
+            [
+                {"run": n, "heads": h, "change_pct": e.value, "lo": e.interval[0], "hi": e.interval[1]}
+                for n, h, e in rows
+            ]
         )
-        later = _later_layers(baseline, ablated, head.layer)
-        rows.append({"layer": head.layer, "head": head.head, "sink_score": head.sink_score, **later})
-    table = pd.DataFrame(rows, columns=["layer", "head", "sink_score", "effect", "effect_lo", "effect_hi"])
-    return table.sort_values("effect").reset_index(drop=True)
 
 
-def _later_layers(baseline: AnalysisResult, ablated: AnalysisResult, layer: int) -> dict[str, float]:
-    """% change of the mean over layers > `layer` of resid_all, with a paired bootstrap interval."""
+def sink_evidence(repro: Reproduction, model: str, baseline: AnalysisResult, sample: str) -> SinkEvidence:
+    """Ablate the value at key 0 of every sink head jointly, of as many random non-sink heads (several draws),
+    and patch position 0's trajectory; each against the baseline on the layers after the first sink head."""
+    sinks = sink_heads(baseline.per_head)
+    if sinks.empty:
+        raise BadInput(
+            [f"{model} has no sink head (α₀ > {SINK_THRESHOLD}) outside its last layer: C3 cannot be tested"]
+        )
+    later = sorted(layer for layer in baseline.per_layer["layer"] if layer > sinks["layer"].min())
+    config = repro.config(model)
 
-    def keep(table: pd.DataFrame) -> pd.DataFrame:
-        return table[table["layer"] > layer]
+    def change(name: str, interventions: Interventions) -> Estimate:
+        run = repro.run(f"{model}-{name}", model, dataclasses.replace(config, interventions=interventions), sample)
+        return percent_change(baseline, run, "resid_all", later)
 
-    later = effect_table(
-        dataclasses.replace(baseline, per_layer=keep(baseline.per_layer), bootstrap=keep(baseline.bootstrap)),
-        dataclasses.replace(ablated, per_layer=keep(ablated.per_layer), bootstrap=keep(ablated.bootstrap)),
+    controls = [control_heads(baseline.per_head, len(sinks), draw) for draw in range(repro.plan.control_draws)]
+    return SinkEvidence(
+        sinks=sinks,
+        controls=controls,
+        joint=change("ablate-sinks", Interventions(ablate_sink_values=head_list(sinks))),
+        control_changes=[
+            change(f"ablate-control{k}", Interventions(ablate_sink_values=head_list(c))) for k, c in enumerate(controls)
+        ],
+        patch=change("patch-pos0", Interventions(patch_pos0=PATCH_SOURCE)),
+        later=later,
     )
-    pct = _pct(later, "resid_all")
-    return {"effect": pct["pct_change"], "effect_lo": pct["pct_lo"], "effect_hi": pct["pct_hi"]}
+
+
+def lab_runs(repro: Reproduction) -> LabRuns:
+    """C4's controlled line: an 8-layer lab decoder trained with full causal RoPE, a sliding window of T/4 and an
+    NTK-scaled base (θ·K^(D/(D−2)), K the largest NTK factor), same data, steps and seeds; each analysed."""
+    plan = repro.plan
+    specs = {
+        "rope": LabSpec(size="deep"),
+        "window": LabSpec(size="deep", attention=f"window:{plan.lab_seq_len // 4}"),
+        "ntk": LabSpec(size="deep", rope_scaling=f"ntk:{max(plan.ntk_factors):g}"),
+    }
+    evaluation = EvalConfig(
+        length_multiples=(1,), probe_seqs=8, analyze_seqs=plan.lab_analyze_seqs, bootstrap=plan.bootstrap
+    )
+    trials = [
+        Trial(variant, spec, TrainConfig(steps=plan.lab_steps, seq_len=plan.lab_seq_len, seed=seed), evaluation)
+        for variant, spec in specs.items()
+        for seed in plan.lab_seeds
+    ]
+    root = repro.out.path / "lab"
+    run_trials(trials, root, progress=repro.progress)
+    runs: dict[str, list[AnalysisResult]] = {variant: [] for variant in specs}
+    for trial in trials:
+        runs[trial.name].append(AnalysisResult.read(RunFolder(trial_folder(root, trial) / "analysis")))
+    return LabRuns(runs)
 
 
 # ------------------------------------------------------------------------------------------- main
@@ -445,135 +312,254 @@ def reproduce(out: Path | str, plan: Plan = QUICK, progress: bool = True) -> lis
     def step(name: str, fn: Callable[[], Any]) -> None:
         steps.append((name, fn))
 
-    step("smollm2", lambda: repro.run("smollm2-135m", "smollm2-135m", repro.config("smollm2-135m")))
-    for k in plan.ntk_factors:
-        ntk = Interventions(rope_scaling=f"ntk:{k:g}")
+    for s in SAMPLES:
+        step(f"smollm2-{s}", lambda s=s: repro.run("smollm2-135m", "smollm2-135m", repro.config("smollm2-135m"), s))
+        for k in plan.ntk_factors:
+            ntk = Interventions(rope_scaling=f"ntk:{k:g}")
+            step(
+                f"ntk{k:g}-{s}",
+                lambda ntk=ntk, k=k, s=s: repro.run(
+                    f"smollm2-135m-ntk{k:g}", "smollm2-135m", repro.config("smollm2-135m", interventions=ntk), s
+                ),
+            )
         step(
-            f"ntk{k:g}",
-            lambda ntk=ntk, k=k: repro.run(
-                f"smollm2-135m-ntk{k:g}", "smollm2-135m", repro.config("smollm2-135m", interventions=ntk)
-            ),
+            f"qwen-{s}",
+            lambda s=s: repro.run("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b", repro.config("qwen2.5-coder-0.5b"), s),
         )
-    step("qwen", lambda: repro.run("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b", repro.config("qwen2.5-coder-0.5b")))
-    step("gemma", lambda: repro.run("gemma3-270m", "gemma3-270m", repro.config("gemma3-270m")))
+        step(f"gemma-{s}", lambda s=s: repro.run("gemma3-270m", "gemma3-270m", repro.config("gemma3-270m"), s))
 
     def gemma_short(**changes: Any) -> AnalyzeConfig:  # C5 looks at early queries: no need for T > window
         return repro.config("gemma3-270m", seq_len=plan.seq_len, num_seqs=plan.num_seqs, **changes)
 
-    step("gemma-bos", lambda: repro.run("gemma3-270m-bos", "gemma3-270m", gemma_short()))
-    for kind in ("mean", "random", "zero"):
-        replace = Interventions(replace_bos=kind)
-        step(
-            f"bos-{kind}",
-            lambda replace=replace, kind=kind: repro.run(
-                f"gemma3-270m-bos-{kind}", "gemma3-270m", gemma_short(interventions=replace)
-            ),
-        )
-    step("readers", lambda: sink_readers(repro, "smollm2-135m", results["smollm2"], "smollm2-135m"))
-    for model in ("gemma3-270m", "smollm2-135m"):
-        step(f"fingerprint-{model}", lambda model=model: fingerprint_table(repro, model))
+    for s in SAMPLES:
+        step(f"gemma-bos-{s}", lambda s=s: repro.run("gemma3-270m-bos", "gemma3-270m", gemma_short(), s))
+        for kind in ("mean", "random", "zero"):
+            replace = Interventions(replace_bos=kind)
+            step(
+                f"bos-{kind}-{s}",
+                lambda replace=replace, kind=kind, s=s: repro.run(
+                    f"gemma3-270m-bos-{kind}", "gemma3-270m", gemma_short(interventions=replace), s
+                ),
+            )
+        step(f"sinks-{s}", lambda s=s: sink_evidence(repro, "smollm2-135m", results[f"smollm2-{s}"], s))
+        for model in ("gemma3-270m", "smollm2-135m"):
+            step(f"fingerprint-{model}-{s}", lambda model=model, s=s: fingerprint_table(repro, model, s))
+    step("lab", lambda: lab_runs(repro))
 
     for name, fn in tqdm(steps, desc="paper", unit="step", disable=not progress):
         results[name] = fn()
-    claims = _judge(repro, results, plan)
+    claims = _judge(repro, results)
     _write(repro, claims, results)
     return claims
 
 
-def _judge(repro: Reproduction, results: dict[str, Any], plan: Plan) -> list[Claim]:
-    models = {
-        "smollm2-135m": results["smollm2"],
-        "qwen2.5-coder-0.5b": results["qwen"],
-        "gemma3-270m (T > window)": results["gemma"],
+def _models(results: dict[str, Any], s: str) -> dict[str, AnalysisResult]:
+    return {
+        "smollm2-135m": results[f"smollm2-{s}"],
+        "qwen2.5-coder-0.5b": results[f"qwen-{s}"],
+        "gemma3-270m (T > window)": results[f"gemma-{s}"],
     }
-    variants = {**models, **{f"smollm2-135m ntk:{k:g}": results[f"ntk{k:g}"] for k in plan.ntk_factors}}
+
+
+def _judge(repro: Reproduction, results: dict[str, Any]) -> list[Claim]:
+    plan = repro.plan
+    largest = max(plan.ntk_factors)
+    lab: LabRuns = results["lab"]
+    by_sample: dict[str, dict[str, Judgement]] = {c: {} for c in ("C1", "C2", "C3", "C4", "C5", "C6")}
+    numbers: dict[str, dict[str, Any]] = {c: {} for c in by_sample}
+    for s in SAMPLES:
+        models = _models(results, s)
+        by_sample["C1"][s] = criteria.claim_c1(models)
+        by_sample["C2"][s] = criteria.claim_c2(models)
+        runs = [r for name, r in results.items() if name.endswith(f"-{s}") and isinstance(r, AnalysisResult)]
+        sinks: SinkEvidence = results[f"sinks-{s}"]
+        closed = {
+            str(r.run.path if r.run else i): float(r.manifest["closed_system"]["max_rel_spread"])
+            for i, r in enumerate(runs)
+        }
+        by_sample["C3"][s] = criteria.claim_c3(closed, sinks.joint, sinks.control_changes, sinks.patch)
+        slopes = {
+            "sliding": depth_slope(results[f"gemma-{s}"], "resid_all"),
+            "standard": depth_slope(results[f"smollm2-{s}"], "resid_all"),
+            "ntk": depth_slope(results[f"ntk{largest:g}-{s}"], "resid_all"),
+        }
+        reported = {"trained base 1e6 (qwen2.5-coder-0.5b)": depth_slope(results[f"qwen-{s}"], "resid_all")}
+        ntk_change = percent_change(results[f"smollm2-{s}"], results[f"ntk{largest:g}-{s}"], "resid_all")
+        by_sample["C4"][s] = criteria.claim_c4(ntk_change, slopes, lab, reported)
+        bos = {
+            kind: percent_change(results[f"gemma-bos-{s}"], results[f"bos-{kind}-{s}"], "resid_early")
+            for kind in ("mean", "random", "zero")
+        }
+        by_sample["C5"][s] = criteria.claim_c5(bos)
+        fingerprints = {m: results[f"fingerprint-{m}-{s}"] for m in ("gemma3-270m", "smollm2-135m")}
+        by_sample["C6"][s] = criteria.claim_c6(fingerprints)
+        numbers["C3"][s] = {"sink_heads": len(sinks.sinks), "later_layers": sinks.later}
+        repro.out.write_table(f"sink_ablation_{s}", sinks.table())
+        position0 = pd.concat([t.assign(model=m) for m, t in fingerprints.items()], ignore_index=True)
+        repro.out.write_table(
+            f"position0_{s}", position0[["model", "layer", "fingerprint_cos_bos", "fingerprint_cos_nobos"]]
+        )
+    variants = {
+        **_models(results, "A"),
+        **{f"smollm2-135m ntk:{k:g}": results[f"ntk{k:g}-A"] for k in plan.ntk_factors},
+    }
     summary = pd.DataFrame([summarise(label, r.per_layer) for label, r in variants.items()])
     repro.out.write_table("comparison", summary)
-    ntk_effects = {k: effect_table(results["smollm2"], results[f"ntk{k:g}"]) for k in plan.ntk_factors}
-    bos_effects = {
-        kind: effect_table(results["gemma-bos"], results[f"bos-{kind}"]) for kind in ("mean", "random", "zero")
-    }
-    readers = results["readers"]
-    repro.out.write_table("sink_readers", readers)
-    fingerprints = {model: results[f"fingerprint-{model}"] for model in ("gemma3-270m", "smollm2-135m")}
-    position0 = pd.concat([t.assign(model=m) for m, t in fingerprints.items()], ignore_index=True)
-    repro.out.write_table("position0", position0[["model", "layer", "fingerprint_cos_bos", "fingerprint_cos_nobos"]])
-    for kind, effect in bos_effects.items():
-        repro.out.write_table(f"effect_bos_{kind}", effect)
-    for k, effect in ntk_effects.items():
-        repro.out.write_table(f"effect_ntk{k:g}", effect)
-
-    all_runs = [r for r in results.values() if isinstance(r, AnalysisResult)]
     claims = [
-        claim_c1(models),
-        claim_c2(models),
-        claim_c3(all_runs, readers),
-        claim_c4(summary, ntk_effects, "gemma3-270m (T > window)"),
-        claim_c5(bos_effects),
-        claim_c6(fingerprints),
+        Claim(name, criteria.STATEMENTS[name], criteria.CRITERIA[name], by_sample[name], criteria.METHODS[name])
+        for name in criteria.CRITERIA
     ]
-    _add_figures(repro, claims, variants, bos_effects, fingerprints)
+    for claim in claims:
+        claim.numbers = numbers[claim.claim]
+        claim.paper = _against_paper(claim, results)
+    claims[3].tables.append(
+        TableBlock("Architecture comparison (sample A)", _rounded(summary), source="comparison.parquet")
+    )
+    claims[2].tables.append(
+        TableBlock(
+            "Sink-head ablation and controls (sample A)",
+            _rounded(results["sinks-A"].table()),
+            source="sink_ablation_A.parquet",
+        )
+    )
+    _add_figures(repro, claims, results)
     return claims
 
 
-def _add_figures(
-    repro: Reproduction,
-    claims: list[Claim],
-    variants: dict[str, AnalysisResult],
-    bos_effects: dict[str, pd.DataFrame],
-    fingerprints: dict[str, pd.DataFrame],
-) -> None:
+def _against_paper(claim: Claim, results: dict[str, Any]) -> str:
+    """One sentence: the effect measured on sample A beside what the paper reports."""
+    evidence = claim.samples["A"].evidence.set_index("evidence")
+
+    def value(name: str) -> str:
+        e = evidence.loc[name]
+        interval = "" if pd.isna(e["lo"]) else f" ({e['lo']:.3g} to {e['hi']:.3g})"
+        return f"{e['value']:.4g}{' ' + e['unit'] if e['unit'] else ''}{interval}"
+
+    sinks: SinkEvidence = results["sinks-A"]
+    sentences = {
+        "C1": "The paper finds absolute position in the attention of RoPE models; here the residual-stream "
+        "magnitude is {smollm2-135m: resid_all} in smollm2-135m and the causal-mask one {smollm2-135m: mask_all}.",
+        "C2": "The paper traces one source to the causal mask's denominator; here its early-query magnitude is "
+        "{smollm2-135m: mask_early} in smollm2-135m.",
+        "C3": f"The paper finds later queries reading position 0 through sink heads; here ablating all "
+        f"{len(sinks.sinks)} sink heads changes the later layers' residual-stream magnitude by "
+        "{joint sink-head ablation: change}, as many random non-sink heads by {control draw 0: change}.",
+        "C4": "The paper reports NTK suppressing the residual-stream component and sliding windows accumulating it; "
+        "here NTK scaling changes it by {(1) NTK at inference: change of resid_all}, and the slope of the "
+        "sliding-window model minus the standard one is {(2) slope: sliding − standard}.",
+        "C5": f"The paper removes about {criteria.PAPER_BOS_REMOVED:g}%; here the vocabulary mean removes "
+        "{mean: removed}, a random vector {random: removed}, zeros {zero: removed}.",
+        "C6": "The paper reports a fingerprint constant with a BOS and varying without; here the least cosine in "
+        "gemma3-270m is {gemma3-270m: least cosine with BOS} with a BOS and {gemma3-270m: least cosine without BOS} "
+        "without.",
+    }
+    return re.sub(r"\{([^{}]+)\}", lambda match: value(match.group(1)), sentences[claim.claim])
+
+
+def _rounded(table: pd.DataFrame) -> pd.DataFrame:
+    """Numbers to 3 significant digits for reading; the Parquet tables and claims.json keep full precision."""
+    return table.apply(lambda col: col.map(lambda v: float(f"{v:.3g}")) if col.dtype.kind == "f" else col)
+
+
+def evidence_table(judgement: Judgement) -> pd.DataFrame:
+    """A sample's evidence for the report: value and interval to 3 significant digits."""
+    frame = judgement.evidence
+    interval = ["" if pd.isna(lo) else f"{lo:.3g} to {hi:.3g}" for lo, hi in zip(frame["lo"], frame["hi"], strict=True)]
+    return pd.DataFrame(
+        {
+            "evidence": frame["evidence"],
+            "value": [f"{v:.3g}" for v in frame["value"]],
+            "95% interval": interval,
+            "threshold": frame["threshold"],
+            "unit": frame["unit"],
+            "says": frame["says"],
+            "deciding": ["yes" if d else "reported" for d in frame["deciding"]],
+        }
+    )
+
+
+def _add_figures(repro: Reproduction, claims: list[Claim], results: dict[str, Any]) -> None:
     out = repro.out
     by_claim = {c.claim: c for c in claims}
-    models = {k: v.per_layer for k, v in variants.items() if "ntk" not in k}
+    models = {k: v.per_layer for k, v in _models(results, "A").items()}
     for measure in ("resid_all", "mask_all"):
         by_claim["C1"].figures.append(
             figures.lines_by_run(
                 models,
                 measure,
                 out.figure_path(f"c1_{measure}"),
-                title=f"{measure} by relative depth",
+                title=f"{measure} by relative depth (sample A)",
                 ylabel=f"{measure} (nats)",
                 relative_depth=True,
             )
         )
-    smollm2 = next(iter(variants.values()))
+    smollm2 = results["smollm2-A"]
     by_claim["C2"].figures.append(
         figures.profiles_figure(smollm2.profiles, smollm2.per_layer, out.figure_path("c2_profiles"))
     )
+    sink_runs = {"baseline": smollm2.per_layer}
+    for name in ("ablate-sinks", "ablate-control0", "patch-pos0"):
+        sink_runs[name] = AnalysisResult.read(RunFolder(out.path / "runs" / f"smollm2-135m-{name}-A")).per_layer
     by_claim["C3"].figures.append(
-        figures.component_magnitudes(smollm2.per_layer, out.figure_path("c3_smollm2_components"))
+        figures.lines_by_run(
+            sink_runs,
+            "resid_all",
+            out.figure_path("c3_sink_ablation"),
+            title="smollm2-135m: resid_all with sink heads, control heads ablated, position 0 patched (sample A)",
+            ylabel="resid_all (nats)",
+        )
     )
+    variants = {
+        **models,
+        **{f"smollm2-135m ntk:{k:g}": results[f"ntk{k:g}-A"].per_layer for k in repro.plan.ntk_factors},
+    }
     by_claim["C4"].figures.append(
         figures.lines_by_run(
-            {k: v.per_layer for k, v in variants.items()},
+            variants,
             "resid_all",
             out.figure_path("c4_resid_all"),
-            title="Residual-stream magnitude by relative depth",
+            title="Residual-stream magnitude by relative depth (sample A)",
             ylabel="resid_all (nats)",
             relative_depth=True,
         )
     )
-    removed = {
-        kind: effect[effect["measure"] == "resid_early"].assign(
-            resid_early=lambda df: -df["pct_change"],
-            resid_early_lo=lambda df: -df["pct_hi"],
-            resid_early_hi=lambda df: -df["pct_lo"],
-        )[lambda df: df["layer"] >= 0]
-        for kind, effect in bos_effects.items()
-    }
+    lab: LabRuns = results["lab"]
+    lab_lines = {f"lab {variant} seed {k}": r.per_layer for variant, rs in lab.runs.items() for k, r in enumerate(rs)}
+    by_claim["C4"].figures.append(
+        figures.lines_by_run(
+            lab_lines,
+            "resid_all",
+            out.figure_path("c4_lab"),
+            title="Lab decoder trained three ways: resid_all by depth",
+            ylabel="resid_all (nats)",
+            relative_depth=True,
+        )
+    )
+    removed = {}
+    for kind in ("mean", "random", "zero"):
+        base, new = results["gemma-bos-A"], results[f"bos-{kind}-A"]
+        layers = base.per_layer["layer"].tolist()
+        rows = [percent_change(base, new, "resid_early", [layer]) for layer in layers]
+        removed[kind] = pd.DataFrame(
+            {
+                "layer": layers,
+                "removed": [-e.value for e in rows],
+                "removed_lo": [-e.interval[1] for e in rows],
+                "removed_hi": [-e.interval[0] for e in rows],
+            }
+        )
     by_claim["C5"].figures.append(
         figures.lines_by_run(
             removed,
-            "resid_early",
+            "removed",
             out.figure_path("c5_removed"),
-            title="Early residual-stream component removed by BOS replacement (gemma3-270m)",
+            title="Early residual-stream component removed by BOS replacement (gemma3-270m, sample A)",
             ylabel="removed (%)",
         )
     )
     cos = {
-        f"{model} {kind}": table.rename(columns={f"fingerprint_cos_{kind}": "cos"})
-        for model, table in fingerprints.items()
+        f"{model} {kind}": results[f"fingerprint-{model}-A"].rename(columns={f"fingerprint_cos_{kind}": "cos"})
+        for model in ("gemma3-270m", "smollm2-135m")
         for kind in ("bos", "nobos")
     }
     by_claim["C6"].figures.append(
@@ -581,7 +567,7 @@ def _add_figures(
             cos,
             "cos",
             out.figure_path("c6_fingerprint"),
-            title="Fingerprint constancy of h_0 across inputs",
+            title="Fingerprint constancy of h_0 across inputs (sample A)",
             ylabel="mean pairwise cosine",
         )
     )
@@ -600,14 +586,25 @@ def _write(repro: Reproduction, claims: list[Claim], results: dict[str, Any]) ->
         "plan": dataclasses.asdict(repro.plan),
         "runs": runs,
         "verdicts": {c.claim: c.verdict for c in claims},
+        "samples": {c.claim: {s: j.verdict for s, j in c.samples.items()} for c in claims},
     }
+    provisional = (
+        f" The `{repro.plan.name}` plan uses small samples: its verdicts are provisional."
+        if repro.plan.provisional
+        else ""
+    )
     sections = [
         Section(
             f"{c.claim}: {c.statement}",
             f"**Measured.** {c.method}\n\n**Criterion (declared before the data).** {c.criterion}\n\n"
-            f"**Numbers.** `{json.dumps(c.numbers, default=float)}`",
+            f"**Against the paper.** {c.paper}\n\n**Verdict.** "
+            + "; ".join(f"sample {s}: {j.verdict}" for s, j in c.samples.items())
+            + f" → **{c.verdict}** (consistent or not consistent only where both samples agree).{provisional}",
             figures=[FigureBlock(p) for p in c.figures],
-            tables=c.tables,
+            tables=[
+                *(TableBlock(f"Evidence, sample {s}", evidence_table(j), max_rows=None) for s, j in c.samples.items()),
+                *c.tables,
+            ],
             verdict=c.verdict,
         )
         for c in claims

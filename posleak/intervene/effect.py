@@ -155,7 +155,8 @@ def effect_table(baseline: AnalysisResult, intervened: AnalysisResult, level: fl
     rows = []
     for measure in measured_magnitudes(baseline.per_layer, intervened.per_layer):
         base, new = _by_layer(baseline.per_layer, measure), _by_layer(intervened.per_layer, measure)
-        base_boot, new_boot = _resampled(baseline.bootstrap, measure), _resampled(intervened.bootstrap, measure)
+        base_boot = resampled_layers(baseline.bootstrap, measure)
+        new_boot = resampled_layers(intervened.bootstrap, measure)
         layers = [*base.index, OVERALL]
         point_base = torch.tensor([*base.to_numpy(), base.mean()])
         point_new = torch.tensor([*new.to_numpy(), new.mean()])
@@ -185,7 +186,7 @@ def _by_layer(per_layer: pd.DataFrame, measure: str) -> pd.Series:
     return per_layer.set_index("layer")[measure].sort_index().astype("float64")
 
 
-def _resampled(bootstrap: pd.DataFrame, measure: str) -> torch.Tensor | None:
+def resampled_layers(bootstrap: pd.DataFrame, measure: str) -> torch.Tensor | None:
     """(R, L) resampled layer magnitudes, or None when the run kept no bootstrap."""
     if bootstrap.empty:
         return None

@@ -36,6 +36,7 @@ SIZES: dict[str, tuple[int, int, int, int]] = {
     "tiny": (64, 3, 4, 256),
     "small": (128, 4, 4, 512),
     "base": (256, 6, 8, 1024),
+    "deep": (64, 8, 4, 256),  # the tiny width at 8 blocks: depth trends (posleak paper, C4's lab line)
 }
 # Sigmoid attention needs its logits centred well below 0 or every weight starts near 1/2 and the
 # output grows with the number of keys: b = −log n (Ramapuram et al., arXiv 2409.04431), n = 128 here.

@@ -1,0 +1,106 @@
+"""Estimates with bootstrap intervals, the numbers every verdict of `posleak paper` is judged on.
+
+An analysis run keeps, per bootstrap resample and layer, the mean over heads of each magnitude
+(`bootstrap.parquet`). Resamples are drawn with the run's seed, so two runs on the same sequences (a
+baseline and an intervention, or two lab models evaluated on the same rows) draw them identically and
+their resamples pair; runs on different sequences are independent, and pairing their k-th resamples is
+then a draw of the two independent bootstraps together. From those tables: the mean over layers of a
+magnitude, the percent change between two runs, the slope against relative depth, and differences and
+averages of these, each as a point value, its resamples and a percentile interval (docs/method.md §6).
+
+An estimate is judged against a threshold: it *supports* an expected direction when its whole interval
+lies beyond the threshold, *contradicts* it when the whole interval lies on the other side, and is
+*unclear* otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from posleak.analyze import AnalysisResult
+from posleak.intervene.effect import resampled_layers
+from posleak.measure import percentile_interval
+
+Says = Literal["supports", "contradicts", "unclear"]
+Direction = Literal["above", "below"]
+LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A point value and its bootstrap resamples (R,); the interval is their percentile interval."""
+
+    value: float
+    samples: torch.Tensor
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        if self.samples.numel() == 0:
+            return float("nan"), float("nan")
+        lo, hi = percentile_interval(self.samples[:, None], LEVEL)
+        return float(lo[0]), float(hi[0])
+
+    def minus(self, other: Estimate) -> Estimate:
+        mine, theirs = _pair(self, other)
+        return Estimate(self.value - other.value, mine - theirs)
+
+    def judge(self, threshold: float, direction: Direction) -> Says:
+        """`above`: supports when lo > threshold, contradicts when hi < threshold; `below` the mirror."""
+        lo, hi = self.interval
+        beyond, short = (lo > threshold, hi < threshold) if direction == "above" else (hi < threshold, lo > threshold)
+        return "supports" if beyond else "contradicts" if short else "unclear"
+
+
+def _pair(a: Estimate, b: Estimate) -> tuple[torch.Tensor, torch.Tensor]:
+    if a.samples.shape != b.samples.shape:
+        raise ValueError(f"resamples do not pair: {tuple(a.samples.shape)} and {tuple(b.samples.shape)}")
+    return a.samples, b.samples
+
+
+def mean_of(estimates: Sequence[Estimate]) -> Estimate:
+    """The average of independent estimates (seeds of a lab model): resample k is the mean of their k-th."""
+    samples = torch.stack([e.samples for e in estimates])
+    return Estimate(sum(e.value for e in estimates) / len(estimates), samples.mean(0))
+
+
+def _layers(result: AnalysisResult, measure: str, layers: Sequence[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Point values (L,) and resamples (R, L) of `measure` over the chosen layers (default all)."""
+    per_layer = result.per_layer.set_index("layer").sort_index()
+    boot = resampled_layers(result.bootstrap, measure)
+    if boot is None:
+        raise ValueError("the run kept no bootstrap; rerun it with --bootstrap > 0")
+    chosen = list(per_layer.index) if layers is None else list(layers)
+    columns = [list(per_layer.index).index(layer) for layer in chosen]
+    return torch.tensor(per_layer.loc[chosen, measure].to_numpy(), dtype=torch.float64), boot[:, columns]
+
+
+def layer_mean(result: AnalysisResult, measure: str, layers: Sequence[int] | None = None) -> Estimate:
+    """The mean over layers of a per-layer magnitude (nats)."""
+    point, boot = _layers(result, measure, layers)
+    return Estimate(float(point.mean()), boot.mean(1))
+
+
+def percent_change(
+    baseline: AnalysisResult, intervened: AnalysisResult, measure: str, layers: Sequence[int] | None = None
+) -> Estimate:
+    """100·(mean_l intervened / mean_l baseline − 1): the change of the layer mean, paired resample by resample."""
+    base, new = layer_mean(baseline, measure, layers), layer_mean(intervened, measure, layers)
+    b, n = _pair(base, new)
+    return Estimate(100 * (new.value / base.value - 1), 100 * (n / b - 1))
+
+
+def depth_slope(result: AnalysisResult, measure: str) -> Estimate:
+    """Least-squares slope of the per-layer magnitude against relative depth l / (L − 1), in nats per unit
+    depth: models of different depths compare on one scale (the whole stack, first layer to last)."""
+    point, boot = _layers(result, measure, None)
+    depth = torch.linspace(0, 1, point.shape[0], dtype=torch.float64)
+    centred = depth - depth.mean()
+
+    def slope(values: torch.Tensor) -> torch.Tensor:
+        return ((values - values.mean(-1, keepdim=True)) * centred).sum(-1) / centred.square().sum()
+
+    return Estimate(float(slope(point)), slope(boot))
