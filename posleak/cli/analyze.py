@@ -1,15 +1,22 @@
-"""`posleak inspect`, `analyze`, `intervene`, `compare` and `paper`: the measurement commands."""
+"""`posleak inspect`, `analyze`, `intervene`, `compare` and `paper`: the measurement commands.
+
+The parsers import nothing heavy (torch, transformers, pandas take seconds): options that mirror a field of
+`AnalyzeConfig` or `Interventions` have no argparse default (`argparse.SUPPRESS`), so the dataclass's own
+default applies and is written in one place; the handlers import what they run.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from posleak.analyze import AnalyzeConfig, analyze
-from posleak.inspect import inspect_model
-from posleak.intervene import Interventions
+if TYPE_CHECKING:
+    from posleak.analyze import AnalyzeConfig
+    from posleak.intervene import Interventions
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -21,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     inspect.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with the checkpoint")
     inspect.set_defaults(handler=_inspect)
 
-    analyze_parser = sub.add_parser("analyze", help="the decomposition of DESIGN.md §3 into a run folder")
+    analyze_parser = sub.add_parser("analyze", help="the decomposition of docs/method.md §2 into a run folder")
     analyze_parser.add_argument("model", help="built-in name, checkpoint folder, or hub id")
     add_analysis_options(analyze_parser)
     add_intervention_options(analyze_parser)
@@ -33,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_intervention_options(intervene)
     intervene.set_defaults(handler=_intervene)
 
-    compare = sub.add_parser("compare", help="architecture comparison of finished runs (DESIGN.md §3.5)")
+    compare = sub.add_parser("compare", help="architecture comparison of finished runs (docs/method.md §10)")
     compare.add_argument("runs", nargs="+", help="run folders written by posleak analyze")
     compare.add_argument("--labels", nargs="+", help="one label per run (default: model id and interventions)")
     compare.add_argument("--out", required=True, help="folder for the comparison")
@@ -48,71 +55,65 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def add_analysis_options(parser: argparse.ArgumentParser) -> None:
-    defaults = AnalyzeConfig()
-    parser.add_argument("--seq-len", type=int, default=defaults.seq_len, help="sequence length T")
-    parser.add_argument("--num-seqs", type=int, default=defaults.num_seqs, help="number of sequences N")
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    parser.add_argument("--bos", choices=["auto", "on", "off"], default=defaults.bos)
+    """The options of `AnalyzeConfig` (their defaults are its defaults: see the module docstring)."""
+    unset = argparse.SUPPRESS
+    parser.add_argument("--seq-len", type=int, default=unset, help="sequence length T")
+    parser.add_argument("--num-seqs", type=int, default=unset, help="number of sequences N")
+    parser.add_argument("--batch-size", type=int, default=unset, help="sequences per forward pass")
+    parser.add_argument("--bos", choices=["auto", "on", "off"], default=unset, help="BOS at position 0")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--corpus", default=defaults.corpus, help="stdlib | FILE.txt | FOLDER | FILE.jsonl[:field]")
-    source.add_argument("--tokens", help="a .npy file of token ids (N×T), taken verbatim")
-    parser.add_argument("--cross-documents", action="store_true", help="let sequences run across documents")
+    source.add_argument("--corpus", default=unset, help="stdlib | FILE.txt | FOLDER | FILE.jsonl[:field]")
+    source.add_argument("--tokens", default=unset, help="a .npy file of token ids (N×T), taken verbatim")
+    parser.add_argument(
+        "--cross-documents", action="store_true", default=unset, help="let sequences run across documents"
+    )
     parser.add_argument(
         "--grid",
         choices=["coarse", "exact"],
-        default=defaults.grid,
+        default=unset,
         help="resolution of the profile and offset-map tables (exact: one cell per pair, T ≤ 256); "
         "magnitudes are over single pairs whatever the grid",
     )
-    parser.add_argument("--early", type=int, default=defaults.early, help="early queries are 1 ≤ i < K")
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--bootstrap", type=int, default=defaults.bootstrap, help="bootstrap resamples")
+    parser.add_argument("--early", type=int, default=unset, help="early queries are 1 ≤ i < K")
+    parser.add_argument("--seed", type=int, default=unset, help="corpus sampling and random interventions")
+    parser.add_argument("--bootstrap", type=int, default=unset, help="bootstrap resamples")
     parser.add_argument("--out", required=True, help="run folder (rerun with the same arguments to resume)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with the checkpoint")
 
 
 def add_intervention_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("interventions (DESIGN.md §3.4)")
-    group.add_argument("--replace-bos", metavar="mean|random|zero|token:TEXT")
-    group.add_argument("--patch-pos0", metavar="SOURCE", help="TEXT of one token, or id:N")
-    group.add_argument("--patch-layers", default="all", metavar="L..", help="resid indices: all | L | A..B | L,L")
-    group.add_argument("--ablate-sink-values", metavar="auto|L.H,...")
-    group.add_argument("--ablate-mode", choices=["zero", "mean"], default="zero")
-    group.add_argument("--rope-scaling", metavar="ntk:K|linear:K|dynamic:K|yarn:K")
-    group.add_argument("--window", metavar="W|global")
+    unset = argparse.SUPPRESS
+    group = parser.add_argument_group("interventions (docs/method.md §9)")
+    group.add_argument("--replace-bos", default=unset, metavar="mean|random|zero|token:TEXT")
+    group.add_argument("--patch-pos0", default=unset, metavar="SOURCE", help="TEXT of one token, or id:N")
+    group.add_argument("--patch-layers", default=unset, metavar="L..", help="resid indices: all | L | A..B | L,L")
+    group.add_argument("--ablate-sink-values", default=unset, metavar="auto|L.H,...")
+    group.add_argument("--ablate-mode", choices=["zero", "mean"], default=unset, help="what replaces an ablated value")
+    group.add_argument("--rope-scaling", default=unset, metavar="ntk:K|linear:K|dynamic:K|yarn:K")
+    group.add_argument("--window", default=unset, metavar="W|global")
+
+
+def _given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The options given on the command line that are fields of the dataclass `cls`."""
+    names = {f.name for f in fields(cls)}
+    return {name: value for name, value in vars(args).items() if name in names}
 
 
 def interventions_from(args: argparse.Namespace) -> Interventions:
-    return Interventions(
-        replace_bos=args.replace_bos,
-        patch_pos0=args.patch_pos0,
-        patch_layers=args.patch_layers,
-        ablate_sink_values=args.ablate_sink_values,
-        ablate_mode=args.ablate_mode,
-        rope_scaling=args.rope_scaling,
-        window=args.window,
-        seed=args.seed,
-    )
+    from posleak.intervene import Interventions
+
+    return Interventions(**_given(args, Interventions))
 
 
 def config_from(args: argparse.Namespace, interventions: Interventions) -> AnalyzeConfig:
-    return AnalyzeConfig(
-        seq_len=args.seq_len,
-        num_seqs=args.num_seqs,
-        batch_size=args.batch_size,
-        bos=args.bos,
-        corpus=args.corpus,
-        tokens=args.tokens,
-        cross_documents=args.cross_documents,
-        grid=args.grid,
-        early=args.early,
-        seed=args.seed,
-        bootstrap=args.bootstrap,
-        interventions=interventions,
-    )
+    from posleak.analyze import AnalyzeConfig
+
+    return AnalyzeConfig(**{**_given(args, AnalyzeConfig), "interventions": interventions})
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from posleak.inspect import inspect_model
+
     info = inspect_model(
         args.model, seq_len=args.seq_len, num_seqs=args.num_seqs, trust_remote_code=args.trust_remote_code
     )
@@ -145,6 +146,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _analyze(args: argparse.Namespace) -> int:
+    from posleak.analyze import analyze
+
     config = config_from(args, interventions_from(args))
     result = analyze(args.model, config, out=Path(args.out), trust_remote_code=args.trust_remote_code)
     per_layer = result.per_layer
