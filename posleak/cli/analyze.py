@@ -8,11 +8,14 @@ default applies and is written in one place; the handlers import what they run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from posleak.device import DEVICE_MAPS, DEVICES, DTYPES, Placement
 
 if TYPE_CHECKING:
     from posleak.analyze import AnalyzeConfig
@@ -26,6 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     inspect.add_argument("--seq-len", type=int, default=128)
     inspect.add_argument("--num-seqs", type=int, default=8)
     inspect.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with the checkpoint")
+    add_placement_options(inspect, defaults=True)
     inspect.set_defaults(handler=_inspect)
 
     analyze_parser = sub.add_parser("analyze", help="the decomposition of docs/method.md §2 into a run folder")
@@ -51,6 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     size.add_argument("--quick", action="store_true", help="the default: about 15 minutes on 2 cores")
     size.add_argument("--full", action="store_true", help="more and longer sequences")
     paper.add_argument("--out", default="runs/paper", help="output folder (rerun to resume)")
+    add_placement_options(paper, defaults=True)
     paper.set_defaults(handler=_paper)
 
 
@@ -79,6 +84,37 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", type=int, default=unset, help="bootstrap resamples")
     parser.add_argument("--out", required=True, help="run folder (rerun with the same arguments to resume)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with the checkpoint")
+    add_placement_options(parser, defaults=False)
+
+
+def add_placement_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """--device, --dtype, --device-map, --max-memory (posleak.device); `defaults=False`: none of their own, for
+    options that are `AnalyzeConfig` fields (the module docstring says why)."""
+    given = Placement()
+    group = parser.add_argument_group("device and precision (docs/method.md §4: the sums stay float64)")
+
+    def default(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
+    group.add_argument(
+        "--device", choices=DEVICES, default=default(given.device), help="auto: CUDA, else MPS, else CPU"
+    )
+    group.add_argument(
+        "--dtype", choices=DTYPES, default=default(given.dtype), help="the model's weights and activations"
+    )
+    group.add_argument(
+        "--device-map", choices=DEVICE_MAPS, default=default(given.device_map), help="spread the layers over devices"
+    )
+    group.add_argument(
+        "--max-memory",
+        default=default(given.max_memory),
+        metavar="DEV=SIZE,..",
+        help="with --device-map: cpu=8GiB,0=20GiB",
+    )
+
+
+def placement_from(args: argparse.Namespace) -> Placement:
+    return Placement(args.device, args.dtype, args.device_map, args.max_memory)
 
 
 def add_intervention_options(parser: argparse.ArgumentParser) -> None:
@@ -115,7 +151,11 @@ def _inspect(args: argparse.Namespace) -> int:
     from posleak.inspect import inspect_model
 
     info = inspect_model(
-        args.model, seq_len=args.seq_len, num_seqs=args.num_seqs, trust_remote_code=args.trust_remote_code
+        args.model,
+        seq_len=args.seq_len,
+        num_seqs=args.num_seqs,
+        trust_remote_code=args.trust_remote_code,
+        placement=placement_from(args),
     )
     if args.json:
         print(json.dumps(info, indent=2))
@@ -183,7 +223,8 @@ def _compare(args: argparse.Namespace) -> int:
 def _paper(args: argparse.Namespace) -> int:
     from posleak.experiments.paper import FULL, QUICK, reproduce
 
-    claims = reproduce(Path(args.out), FULL if args.full else QUICK)
+    plan = dataclasses.replace(FULL if args.full else QUICK, placement=placement_from(args))
+    claims = reproduce(Path(args.out), plan)
     print(f"wrote {args.out}: report.html, claims.json, runs/", file=sys.stderr)
     for claim in claims:
         print(f"{claim.claim}: {claim.verdict}")

@@ -27,6 +27,7 @@ from posleak.capture import CaptureSession, ResidualCapture
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.compare import summarise
 from posleak.data.batches import TokenBatch, iter_batches
+from posleak.device import Placement
 from posleak.errors import BadInput
 from posleak.intervene import Interventions
 from posleak.intervene.effect import OVERALL, effect_table, without_bos
@@ -56,6 +57,7 @@ class Plan:
     bootstrap: int
     batch_size: int = 4
     cross_documents: bool = False
+    placement: Placement = field(default_factory=Placement)  # device and dtype of every analysis (posleak.device)
 
 
 QUICK = Plan(
@@ -115,7 +117,7 @@ class Reproduction:
         if key not in self._models:
             if len(self._models) >= 2:  # keep memory bounded: at most two models loaded at once
                 self._models.pop(next(iter(self._models)))
-            self._models[key] = load_for(name, interventions)
+            self._models[key] = load_for(name, interventions, placement=self.plan.placement)
         return self._models[key]
 
     def config(self, model: str, **changes: Any) -> AnalyzeConfig:
@@ -131,6 +133,7 @@ class Reproduction:
             batch_size=plan.batch_size,
             bootstrap=plan.bootstrap,
             cross_documents=plan.cross_documents,
+            **plan.placement.to_dict(),
         )
         return dataclasses.replace(base, **changes)
 
@@ -436,7 +439,7 @@ def _later_layers(baseline: AnalysisResult, ablated: AnalysisResult, layer: int)
 
 def reproduce(out: Path | str, plan: Plan = QUICK, progress: bool = True) -> list[Claim]:
     """Run every analysis, judge every claim, write `claims.json`, tables and `report.html` into `out`."""
-    if problems := out_folder_problems(out):
+    if problems := out_folder_problems(out) + plan.placement.problems():
         raise BadInput(problems)
     repro = Reproduction(Path(out), plan, progress)
     steps: list[tuple[str, Callable[[], Any]]] = []
