@@ -40,6 +40,7 @@ from posleak.capture.residual import ClosedSystemReport
 from posleak.capture.store import CaptureFolder, CaptureMemory, Captures, QKRecorder
 from posleak.data.batches import BOS_POLICIES, TokenBatch, iter_batches, load_token_file, make_sequences, shape_problems
 from posleak.data.corpus import load_corpus
+from posleak.device import Placement
 from posleak.errors import BadInput, PosleakError
 from posleak.intervene import Interventions
 from posleak.measure import LAYER_MAGNITUDES, Decomposition, Grid, LayerResult, MeasureSpec, measure_layer
@@ -76,6 +77,16 @@ class AnalyzeConfig:
     seed: int = 0
     bootstrap: int = 200
     interventions: Interventions = field(default_factory=Interventions)
+    # Where the model runs (posleak.device): the dtype changes the model's q, k and log Z, so it is part of the
+    # resume fingerprint like every option; the sums stay float64 on the CPU whatever these say.
+    device: str = Placement.device
+    dtype: str = Placement.dtype
+    device_map: str | None = Placement.device_map
+    max_memory: str | None = Placement.max_memory
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.device, self.dtype, self.device_map, self.max_memory)
 
     def problems(self, seq_len: int, num_seqs: int | None) -> list[str]:
         """What is wrong with these options for `num_seqs` sequences (None: any number) of `seq_len` tokens,
@@ -144,7 +155,7 @@ def analyze(
     if out is not None and finished_here(RunFolder(Path(out)), spec, config):
         return AnalysisResult.read(RunFolder(Path(out)))  # finished before: skip loading the model
     loaded, batch = checked_input(spec, config, out, trust_remote_code)
-    loaded = load_for(spec, config.interventions, trust_remote_code, base=loaded)
+    loaded = load_for(spec, config.interventions, trust_remote_code, base=loaded, placement=config.placement)
     return analyze_model(loaded.model, batch, config, out=out, loaded=loaded, progress=progress)
 
 
@@ -167,7 +178,11 @@ def checked_input(
     problems = Problems()
     if out is not None:
         problems.extend(out_folder_problems(out))
-    loaded = checked_model(problems, spec, trust_remote_code)
+    if placement_problems := config.placement.problems():
+        problems.extend(placement_problems)  # no model loads where it cannot run
+        problems.extend(config.problems(config.seq_len, config.num_seqs))
+        problems.raise_any()
+    loaded = checked_model(problems, spec, trust_remote_code, config.placement)
     batch = checked_sequences(problems, loaded, config)
     if loaded is not None and batch is not None:
         problems.extend(token_file_bos_problems(loaded, batch, config))
@@ -180,10 +195,12 @@ def checked_input(
     return loaded, batch
 
 
-def checked_model(problems: Problems, spec: str, trust_remote_code: bool) -> LoadedModel | None:
+def checked_model(
+    problems: Problems, spec: str, trust_remote_code: bool, placement: Placement | None = None
+) -> LoadedModel | None:
     """The model `spec` without load-time interventions; None, with the reason in `problems`, if it will not load."""
     with problems.collecting():
-        return load_model(spec, trust_remote_code=trust_remote_code)
+        return load_model(spec, trust_remote_code=trust_remote_code, placement=placement)
     return None
 
 
@@ -227,14 +244,18 @@ def token_file_bos_problems(loaded: LoadedModel, batch: TokenBatch, config: Anal
 
 
 def load_for(
-    spec: str, interventions: Interventions, trust_remote_code: bool = False, base: LoadedModel | None = None
+    spec: str,
+    interventions: Interventions,
+    trust_remote_code: bool = False,
+    base: LoadedModel | None = None,
+    placement: Placement | None = None,
 ) -> LoadedModel:
     """The model with the load-time interventions (RoPE scaling) applied to its config (`base`: the model
-    already loaded without them)."""
-    loaded = base if base is not None else load_model(spec, trust_remote_code=trust_remote_code)
+    already loaded without them), where `placement` says."""
+    loaded = base if base is not None else load_model(spec, trust_remote_code=trust_remote_code, placement=placement)
     overrides = interventions.config_overrides(loaded.model.config)
     if overrides:
-        loaded = load_model(spec, trust_remote_code=trust_remote_code, config_overrides=overrides)
+        loaded = load_model(spec, trust_remote_code=trust_remote_code, config_overrides=overrides, placement=placement)
     return loaded
 
 
@@ -324,7 +345,7 @@ def _analyze(
         "measure_s": round(measure_s, 3),
         "total_s": round(time.perf_counter() - started, 3),
     }
-    manifest = _manifest(model_id, loaded, batch, config, tokenizer, measured, closed, sink_heads, timings)
+    manifest = _manifest(model, model_id, loaded, batch, config, tokenizer, measured, closed, sink_heads, timings)
     result.manifest = manifest
     if run is not None:
         _write(run, result)
@@ -536,6 +557,7 @@ def _layer_layout(decomposition: Decomposition) -> pd.DataFrame:
 
 
 def _manifest(
+    model: PreTrainedModel,
     model_id: str,
     loaded: LoadedModel | None,
     batch: TokenBatch,
@@ -552,10 +574,11 @@ def _manifest(
     manifest = provenance(
         model_id=model_id,
         model_hash=loaded.file_hash if loaded is not None else None,
-        dtype="float32",
+        dtype=str(model.dtype).removeprefix("torch."),
         attention_path=(
-            "posleak (torch CPU flash kernel with log-sum-exp; block-wise where soft-capped); "
-            "logits formed again from the captured q and k for the measurement"
+            "posleak (fused kernel with log-sum-exp: torch's flash kernel on the CPU, memory-efficient on CUDA; "
+            "block-wise where soft-capped or on other devices); logits formed again in float64 from the captured "
+            "q and k (float32 copies) for the measurement"
         ),
         bos_policy=batch.bos_policy,
         position0_tokens=_position0_tokens(batch, tokenizer),
@@ -570,6 +593,11 @@ def _manifest(
     manifest["data"] |= batch.provenance()
     manifest["measurement"] = decomposition.describe()
     manifest["early"] = config.early
+    manifest["placement"] = {
+        "device": str(model.device),  # the first layer's, under a device map
+        "device_map": sorted({str(where) for where in (getattr(model, "hf_device_map", None) or {}).values()}),
+        "requested": config.placement.to_dict(),
+    }
     if loaded is not None:
         manifest["model"]["facts"] = loaded.facts.to_dict()
         manifest["model"]["gguf_sha256"] = loaded.source_hash

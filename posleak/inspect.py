@@ -14,7 +14,8 @@ from tqdm.auto import tqdm
 from posleak.capture import CaptureSession, QueryStats
 from posleak.data.batches import BOS_POLICIES, iter_batches, make_sequences, pos0_token
 from posleak.data.corpus import DEFAULT_CORPUS, load_corpus
-from posleak.errors import PosleakError
+from posleak.device import Placement
+from posleak.errors import BadInput, PosleakError
 from posleak.models.load import load_model
 
 
@@ -26,9 +27,14 @@ def inspect_model(
     batch_size: int = 4,
     trust_remote_code: bool = False,
     progress: bool = True,
+    placement: Placement | None = None,
 ) -> dict[str, Any]:
-    """The facts and the sink rate of `spec` as one JSON-ready dict."""
-    loaded = load_model(spec, trust_remote_code=trust_remote_code)
+    """The facts and the sink rate of `spec` as one JSON-ready dict, on the device and in the dtype of
+    `placement` (refused, BadInput, where this machine cannot run them)."""
+    placement = placement or Placement()
+    if problems := placement.problems():
+        raise BadInput(problems)
+    loaded = load_model(spec, trust_remote_code=trust_remote_code, placement=placement)
     tokenizer = loaded.tokenizer
     position0: dict[str, Any] = {}
     for policy in BOS_POLICIES:

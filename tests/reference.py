@@ -122,8 +122,8 @@ class LogitRecorder:
                     sigmoid=kwargs.get("posleak_norm", "softmax") == "sigmoid",
                 ),
             )
-            layer.queries.append(query.detach().clone())
-            layer.keys.append(key.detach().clone())
+            layer.queries.append(query.detach().cpu().clone())  # the float64 reference runs on the CPU
+            layer.keys.append(key.detach().cpu().clone())
             return inner(module, query, key, value, attention_mask, *args, **kwargs)
 
         return attention

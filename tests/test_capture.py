@@ -14,8 +14,10 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+from harness import token_batch
 from tiny import FAMILIES, WINDOW, tiny_model
 
+from posleak.analyze import AnalyzeConfig, analyze_model
 from posleak.capture import (
     AttentionEdits,
     CaptureSession,
@@ -26,6 +28,8 @@ from posleak.capture import (
     require_closed_system,
     use_posleak_attention,
 )
+from posleak.capture.attention import blockwise_attention
+from posleak.capture.store import CaptureMemory, QKRecorder
 from posleak.errors import PosleakError
 
 T = 3 * WINDOW  # longer than every sliding window
@@ -206,3 +210,49 @@ def test_real_models_match_eager_beyond_the_window(name: str, request: pytest.Fi
         assert error <= 1e-5, f"hidden state {layer}: relative error {error:.2e}"
     error = float((reference.logits - ours.logits).abs().max() / reference.logits.abs().max())
     assert error <= 1e-5, f"logits: relative error {error:.2e}"
+
+
+def _captured_run(model: torch.nn.Module, ids: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], CaptureMemory]:
+    """Every hidden state and each layer's captured log Z of one captured forward."""
+    captures = CaptureMemory()
+    recorder = QKRecorder(captures)
+    recorder.batch = 0
+    session = CaptureSession([recorder, QueryStats()])
+    with session.active(torch.arange(ids.shape[0])), torch.no_grad():
+        hidden = model(ids, output_hidden_states=True, use_cache=False).hidden_states
+    captures.finish_batch(0, torch.arange(ids.shape[0]), {})
+    return hidden, captures
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_blockwise_path_forced_on_the_cpu_equals_the_fused_kernel(family: str) -> None:
+    """The block-wise path (what a device without a fused log-sum-exp kernel runs) against the CPU flash kernel,
+    on the same model and ids: every hidden state (the attention outputs, carried through the layers), each
+    layer's log Z, and every number of the per-head and per-layer tables (all magnitudes, ΔR², sink scores)
+    to 1e-5. Soft-capped families (Gemma 2) take the block-wise path either way, so for them this is the
+    switch's no-op; sliding windows (Mistral, Gemma 2/3) and sinks (gpt-oss) go through masks and log Z."""
+    model = use_posleak_attention(tiny_model(family))
+    ids = _ids(model, batch=4)
+    fused_hidden, fused = _captured_run(model, ids)
+    with blockwise_attention():
+        block_hidden, block = _captured_run(model, ids)
+    for layer, (a, b) in enumerate(zip(fused_hidden, block_hidden, strict=True)):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=f"hidden state {layer}")
+    for layer in fused.layers():
+        torch.testing.assert_close(block.layer(layer).log_z, fused.layer(layer).log_z, rtol=1e-5, atol=1e-5)
+
+    config = AnalyzeConfig(seq_len=T, num_seqs=4, batch_size=2, early=12, bootstrap=0)
+    fused_result = analyze_model(model, token_batch(ids), config, model_id="tiny", progress=False)
+    with blockwise_attention():
+        block_result = analyze_model(model, token_batch(ids), config, model_id="tiny", progress=False)
+    for table in ("per_head", "per_layer"):
+        a, b = getattr(fused_result, table), getattr(block_result, table)
+        numbers = [c for c in a.columns if a[c].dtype.kind == "f"]
+        assert {"mask_early", "mask_all", "resid_early", "resid_all"} <= set(numbers)
+        torch.testing.assert_close(
+            torch.tensor(b[numbers].to_numpy()),
+            torch.tensor(a[numbers].to_numpy()),
+            rtol=1e-5,
+            atol=1e-5,
+            equal_nan=True,
+        )

@@ -1,10 +1,13 @@
 """Success paths of the command line on a built-in model, run as a user would (a fresh interpreter):
 `posleak inspect` against attention weights from transformers' own eager path, and `posleak analyze` writing a
-complete run folder that a rerun reads back without rewriting a file."""
+complete run folder that a rerun reads back without rewriting a file. And an instant command line: help and the
+model listing answer without importing torch or transformers."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -64,3 +67,36 @@ def test_analyze_writes_a_complete_run_folder_and_a_rerun_reads_it_back(tmp_path
     proc = run_cli(*args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert file_stamps(out) == finished, "the finished run was computed again"
+
+
+# Run in a fresh interpreter: what is in sys.modules once `posleak ARGS` has answered (argparse's -h exits).
+_IMPORTED_AFTER = """
+import contextlib, io, json, sys
+from posleak.cli import main
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    try:
+        code = main(sys.argv[1:])
+    except SystemExit as exit_:
+        code = exit_.code
+heavy = sorted(name for name in ("torch", "transformers", "pandas", "ray") if name in sys.modules)
+print(json.dumps({"code": code, "heavy": heavy, "out": out.getvalue()}))
+"""
+COMMANDS = ("inspect", "analyze", "intervene", "compare", "paper", "train", "lab", "sweep", "models", "fetch")
+
+
+@pytest.mark.parametrize(
+    "args", [("--help",), ("models",), ("models", "--json")] + [(command, "-h") for command in COMMANDS]
+)
+def test_help_and_the_model_listing_import_neither_torch_nor_transformers(args: tuple[str, ...]) -> None:
+    """`posleak --help`, every `posleak COMMAND -h` and `posleak models` answer (exit 0, their text) with torch,
+    transformers, pandas and Ray left unimported: each costs seconds (torch alone 3 s here)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORTED_AFTER, *args], capture_output=True, text=True, timeout=120, check=True
+    )
+    answer = json.loads(proc.stdout)
+    assert answer["code"] == 0, proc.stderr
+    assert answer["heavy"] == []
+    if args in (("models",), ("models", "--json")):
+        assert "smollm2-135m" in answer["out"] and "qwen2.5-coder-0.5b" in answer["out"]
+    else:
+        assert answer["out"].startswith("usage: posleak")

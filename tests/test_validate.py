@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from cli import ERROR, assert_error_lines, assert_one_line_error, run_cli, run_main
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -615,3 +616,57 @@ def test_corpus_files_load_or_refuse(file: tuple[str, bytes], seq_len: int, num_
             return
     assert tuple(batch.ids.shape) == (num_seqs, seq_len)
     assert (batch.bos_id == 0) == (bos == "on")
+
+
+# ------------------------------------------------------------------ devices, precision, device maps (posleak.device)
+
+NO_CUDA = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="this machine has CUDA: --device cuda is not an error here"
+)
+
+
+@NO_CUDA
+@pytest.mark.parametrize("command", ["analyze", "intervene", "inspect", "paper"])
+def test_device_cuda_without_cuda_is_one_line_and_writes_nothing(
+    command: str, model: Path, corpus: Path, tmp_path: Path
+) -> None:
+    """Each command that runs a model refuses --device cuda on a machine without CUDA, in one line naming the
+    device and the fix, before loading anything; the output folder is not created."""
+    out = tmp_path / "run"
+    args = {
+        "analyze": analyze_args(model, corpus, out, "--device", "cuda"),
+        "intervene": intervene_args(model, corpus, out, "--replace-bos", "zero", "--device", "cuda"),
+        "inspect": ["inspect", str(model), "--device", "cuda"],
+        "paper": ["paper", "--out", str(out), "--device", "cuda", "--dtype", "float16"],
+    }[command]
+    assert_one_line_error(run_main(*args), "--device cuda", "no CUDA device", "--device cpu")
+    assert not out.exists()
+
+
+def test_device_map_with_a_model_that_does_not_fit_is_one_line(model: Path, corpus: Path, tmp_path: Path) -> None:
+    """--device-map auto with less memory than the model needs: one line with the model's size and the room there
+    is, before any weight is read or the folder is made; with room enough the same run completes on that map."""
+    out = tmp_path / "run"
+    proc = run_main(*analyze_args(model, corpus, out, "--device-map", "auto", "--max-memory", "cpu=20KB"))
+    assert_one_line_error(proc, "--device-map auto", "needs", "cpu: 0.00 GiB", "--max-memory")
+    assert not out.exists()
+    proc = run_main(*analyze_args(model, corpus, out, "--device-map", "auto", "--max-memory", "cpu=1GiB"))
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["placement"]["requested"]["device_map"] == "auto"
+
+
+@pytest.mark.parametrize(
+    ("options", "needles"),
+    [
+        (("--max-memory", "cpu=1GiB"), ("--max-memory", "add --device-map auto")),
+        (("--device-map", "auto", "--max-memory", "cpu:1G"), ("is not DEVICE=SIZE",)),
+        (("--device-map", "auto", "--device", "cpu"), ("drop --device cpu",)),
+    ],
+)
+def test_placement_options_that_contradict_each_other_are_refused(
+    options: tuple[str, ...], needles: tuple[str, ...], model: Path, corpus: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    assert_error_lines(run_main(*analyze_args(model, corpus, out, *options)), *needles)
+    assert not out.exists()

@@ -8,14 +8,22 @@ call to the session's streaming accumulators. No T×T tensor outlives the call.
 
 Three ways to compute one call, chosen per call:
 - no session, plain softmax: `F.scaled_dot_product_attention` (what training and plain use run);
-- session, softmax without soft-cap: torch's CPU flash kernel, which also returns log Z_i;
-- soft-cap, sigmoid normalisation, or a learned sink while training: the logits are
-  materialised one block of queries at a time (`attend_materialised`).
+- session, softmax without soft-cap: a fused kernel that also returns log Z_i (`_attend_fused`):
+  torch's CPU flash kernel on the CPU, the memory-efficient kernel on CUDA (its log-sum-exp output);
+- soft-cap, sigmoid normalisation, a learned sink while training, a device without such a kernel (MPS),
+  or `blockwise_attention()` in force: the logits are materialised one block of queries at a time
+  (`attend_materialised`), in float32 whatever the model's dtype (as the fused kernels accumulate).
+
+Every tensor is created on the device of the q it meets, so a model spread over devices by a device map
+runs each layer where that layer lives.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +36,18 @@ from posleak.errors import PosleakError
 IMPLEMENTATION = "posleak"
 # Materialise at most this many logits at once (B·H·block·T) in the block-wise path.
 _BLOCK_ELEMENTS = 1 << 24
+_BLOCKWISE: ContextVar[bool] = ContextVar("posleak_blockwise", default=False)
+
+
+@contextmanager
+def blockwise_attention() -> Iterator[None]:
+    """Within this block, captured calls take the block-wise path even where a fused kernel exists: the
+    path every device without one takes, testable on the CPU against the fused one."""
+    token = _BLOCKWISE.set(True)
+    try:
+        yield
+    finally:
+        _BLOCKWISE.reset(token)
 
 
 def use_posleak_attention(model: PreTrainedModel) -> PreTrainedModel:
@@ -78,15 +98,15 @@ def posleak_attention(
     layer = int(module.layer_idx)
     spec = session.edits.mask_for(spec)
     with_keys = norm == "softmax" and session.needs_attended_keys
-    if softcap is None and norm == "softmax":
+    if softcap is None and norm == "softmax" and _has_fused_kernel(query.device):
         if with_keys:
-            # The flash kernel wants one head size: zero-padding q and k keeps every logit.
+            # The fused kernels want one head size: zero-padding q and k keeps every logit.
             pad = (0, value.shape[-1])
-            out, log_z_keys = _attend_flash(
+            out, log_z_keys = _attend_fused(
                 F.pad(query, pad), F.pad(key, pad), torch.cat([value, key], dim=-1), spec, scaling
             )
         else:
-            out, log_z_keys = _attend_flash(query, key, value, spec, scaling)
+            out, log_z_keys = _attend_fused(query, key, value, spec, scaling)
     else:
         values_in = torch.cat([value, key], dim=-1) if with_keys else value
         out, log_z_keys = attend_materialised(query, key, values_in, spec, scaling, softcap, None, norm)
@@ -135,16 +155,33 @@ def _attend_uncaptured(
     return out
 
 
-def _attend_flash(
+def _has_fused_kernel(device: torch.device) -> bool:
+    return device.type in ("cpu", "cuda") and not _BLOCKWISE.get()
+
+
+def _attend_fused(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, spec: MaskSpec, scaling: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch's CPU flash kernel: the output and the log-sum-exp of each query's valid logits."""
+    """A fused kernel: the output and the float32 log-sum-exp of each query's valid logits, (B, H, T)."""
     seq_len = query.shape[-2]
-    mask = (
-        None if spec.plain_causal or not spec.restricts(seq_len) else spec.additive(seq_len, query.dtype, query.device)
-    )
+    masked = not spec.plain_causal and spec.restricts(seq_len)
+    query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
+    if query.device.type == "cuda":
+        # Not run by posleak's tests (no GPU where they run); benchmarks/device_check.py checks it against
+        # eager attention on a machine with one. The kernel pads its log-sum-exp to a multiple of 32
+        # queries and wants the bias's rows 16-byte aligned: a wider bias, viewed at its width, gives both.
+        bias = None
+        if masked:
+            width = -(-seq_len // 16) * 16
+            bias = spec.additive(width, query.dtype, query.device)[:seq_len, :seq_len]
+            bias = bias.expand(query.shape[0], query.shape[1], seq_len, seq_len)
+        out, log_z, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, bias, True, 0.0, spec.plain_causal, scale=scaling
+        )
+        return out, log_z[..., :seq_len]
+    mask = spec.additive(seq_len, query.dtype, query.device) if masked else None
     out, log_z = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query.contiguous(), key.contiguous(), value.contiguous(), 0.0, spec.plain_causal, attn_mask=mask, scale=scaling
+        query, key, value, 0.0, spec.plain_causal, attn_mask=mask, scale=scaling
     )
     return out, log_z
 
@@ -156,7 +193,7 @@ def _with_sink(
     if sink is None:
         return out, log_z_keys
     log_z = torch.logaddexp(log_z_keys, sink.to(log_z_keys.dtype)[None, :, None])
-    return out * torch.exp(log_z_keys - log_z).unsqueeze(-1), log_z
+    return (out * torch.exp(log_z_keys - log_z).unsqueeze(-1)).to(out.dtype), log_z
 
 
 def attend_materialised(
@@ -171,16 +208,18 @@ def attend_materialised(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention with the logits formed one block of queries at a time; differentiable.
 
-    Returns the output and log Z_i (including the sink logit; 0 for sigmoid normalisation, whose
-    weights are not normalised).
+    Returns the output (in the value's dtype) and log Z_i (including the sink logit; 0 for sigmoid
+    normalisation, whose weights are not normalised), in float32 or wider: logits and weights of a
+    half-precision model are formed in float32 from its q and k, as the fused kernels do.
     """
     batch, heads, seq_len, _ = query.shape
+    wide = torch.promote_types(query.dtype, torch.float32)
     block = max(1, _BLOCK_ELEMENTS // max(1, batch * heads * seq_len))
     valid = spec.dense(seq_len, query.device)
     outs, log_zs = [], []
     for q0 in range(0, seq_len, block):
         q1 = min(seq_len, q0 + block)
-        logits = soft_cap(query[:, :, q0:q1] @ key.transpose(-1, -2) * scaling, softcap)
+        logits = soft_cap(query[:, :, q0:q1].to(wide) @ key.to(wide).transpose(-1, -2) * scaling, softcap)
         logits = logits.masked_fill(~valid[q0:q1], float("-inf"))
         if norm == "sigmoid":
             weights = torch.sigmoid(logits)
@@ -192,6 +231,6 @@ def attend_materialised(
             weights = torch.exp(logits - log_z.unsqueeze(-1))
         else:
             raise ValueError(f"unknown attention normalisation {norm!r}; use softmax or sigmoid")
-        outs.append(weights @ value)
+        outs.append((weights @ value.to(wide)).to(value.dtype))
         log_zs.append(log_z)
     return torch.cat(outs, dim=-2), torch.cat(log_zs, dim=-1)

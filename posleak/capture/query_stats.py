@@ -48,10 +48,11 @@ class QueryStats:
         self._counts: dict[int, int] = {}
 
     def update(self, call: AttentionCall) -> None:
-        a0 = call.attention_on_key0()
-        fields = {"log_z": call.log_z, "attn_key0": a0}
+        # Summed in float64 on the CPU: MPS has no float64, and the sums are small.
+        a0 = call.attention_on_key0().cpu()
+        fields = {"log_z": call.log_z.cpu(), "attn_key0": a0}
         if self.needs_attended_keys:
-            fields["entropy"] = row_entropy(call)
+            fields["entropy"] = row_entropy(call).cpu()
         sums = self._sums.setdefault(call.layer, {})
         for name, value in fields.items():
             total = value.double().sum(dim=0)
@@ -99,7 +100,7 @@ def row_entropy(call: AttentionCall) -> torch.Tensor:
     if call.norm != "softmax":
         return torch.full_like(call.log_z, float("nan"))
     if call.softcap is None and call.attended_keys is not None:
-        expected_logit = call.scaling * (call.query * call.attended_keys).sum(-1)
+        expected_logit = call.scaling * (call.query.float() * call.attended_keys.float()).sum(-1)
     else:
         expected_logit = torch.cat(
             [_expected_logit_block(call, q0, min(call.seq_len, q0 + 256)) for q0 in range(0, call.seq_len, 256)],

@@ -60,7 +60,7 @@ class ResidualCapture:
     def _hook(self, layer: int) -> Callable[[nn.Module, object, object], None]:
         def keep(module: nn.Module, inputs: object, output: object) -> None:
             hidden = output[0] if isinstance(output, tuple) else output
-            self._kept[layer].append(hidden[:, self.positions].detach().float().clone())
+            self._kept[layer].append(hidden[:, self.positions].detach().float().cpu().clone())
 
         return keep
 

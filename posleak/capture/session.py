@@ -63,12 +63,14 @@ class AttentionCall:
 
     def logits(self, q0: int, q1: int) -> torch.Tensor:
         """The pre-softmax logits s_ij of queries q0..q1−1, shape (B, H, q1−q0, T), −inf where invalid."""
-        block = soft_cap(self.query[:, :, q0:q1] @ self.key.transpose(-1, -2) * self.scaling, self.softcap)
+        query, key = _wide(self.query[:, :, q0:q1]), _wide(self.key)
+        block = soft_cap(query @ key.transpose(-1, -2) * self.scaling, self.softcap)
         return block.masked_fill(~self.mask.dense(self.seq_len, block.device)[q0:q1], float("-inf"))
 
     def key0_logits(self) -> torch.Tensor:
         """s_{i,0} for every query, shape (B, H, T), −inf where key 0 is outside the query's mask."""
-        logits = soft_cap((self.query @ self.key[:, :, :1].transpose(-1, -2)).squeeze(-1) * self.scaling, self.softcap)
+        products = _wide(self.query) @ _wide(self.key[:, :, :1]).transpose(-1, -2)
+        logits = soft_cap(products.squeeze(-1) * self.scaling, self.softcap)
         valid = self.mask.dense(self.seq_len, logits.device)[:, 0]
         return logits.masked_fill(~valid, float("-inf"))
 
@@ -166,5 +168,14 @@ class CaptureSession:
         """One forward of the base model (no LM head: analysis never needs the logits)."""
         if sequence_index is None:
             sequence_index = torch.arange(input_ids.shape[0])
+        # The embedding's device: the model's one device, or its first under a device map (accelerate's
+        # hooks carry the hidden states on from there).
+        input_ids = input_ids.to(model.get_input_embeddings().weight.device)
         with self.active(sequence_index):
             return model.base_model(input_ids=input_ids, use_cache=False, **kwargs)
+
+
+def _wide(tensor: torch.Tensor) -> torch.Tensor:
+    """A half-precision model's q or k in float32 (exactly: float32 holds every bfloat16 and float16 value), so
+    that the logits posleak forms from them are as precise as the fused kernels' float32 accumulators."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))

@@ -97,7 +97,12 @@ class QKRecorder:
         if self.facts.setdefault(call.layer, facts) != facts:
             raise ValueError(f"layer {call.layer} changed its attention from {self.facts[call.layer]} to {facts}")
         log_z = torch.zeros_like(call.log_z) if call.norm == "sigmoid" else call.log_z
-        tensors = {"query": call.query, "keys": call.distinct_keys, "log_z": log_z.float()}
+        # float32 on the CPU, whatever the model's dtype and device: exact for half-precision q and k, and
+        # what the measurement (float64 on the CPU, docs/method.md §4) reads.
+        tensors = {
+            name: tensor.detach().to("cpu", torch.float32)
+            for name, tensor in (("query", call.query), ("keys", call.distinct_keys), ("log_z", log_z))
+        }
         self.folder.write_layer(self.batch, call.layer, tensors, facts)
 
 

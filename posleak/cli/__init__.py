@@ -36,13 +36,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    # transformers' per-tensor "Loading weights" bar is noise beside posleak's own progress bars.
+def _quiet_transformers() -> None:
+    """Hide transformers' per-tensor "Loading weights" bar, noise beside posleak's own progress bars."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # Commands that never load a model say so (`light`): importing transformers would cost them a second.
+    if not getattr(args, "light", False):
+        _quiet_transformers()
     try:
         return int(args.handler(args) or 0)
     except PosleakError as err:

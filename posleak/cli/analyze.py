@@ -1,15 +1,25 @@
-"""`posleak inspect`, `analyze`, `intervene`, `compare` and `paper`: the measurement commands."""
+"""`posleak inspect`, `analyze`, `intervene`, `compare` and `paper`: the measurement commands.
+
+The parsers import nothing heavy (torch, transformers, pandas take seconds): options that mirror a field of
+`AnalyzeConfig` or `Interventions` have no argparse default (`argparse.SUPPRESS`), so the dataclass's own
+default applies and is written in one place; the handlers import what they run.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from posleak.analyze import AnalyzeConfig, analyze
-from posleak.inspect import inspect_model
-from posleak.intervene import Interventions
+from posleak.device import DEVICE_MAPS, DEVICES, DTYPES, Placement
+
+if TYPE_CHECKING:
+    from posleak.analyze import AnalyzeConfig
+    from posleak.intervene import Interventions
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -19,9 +29,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     inspect.add_argument("--seq-len", type=int, default=128)
     inspect.add_argument("--num-seqs", type=int, default=8)
     inspect.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with the checkpoint")
+    add_placement_options(inspect, defaults=True)
     inspect.set_defaults(handler=_inspect)
 
-    analyze_parser = sub.add_parser("analyze", help="the decomposition of DESIGN.md §3 into a run folder")
+    analyze_parser = sub.add_parser("analyze", help="the decomposition of docs/method.md §2 into a run folder")
     analyze_parser.add_argument("model", help="built-in name, checkpoint folder, or hub id")
     add_analysis_options(analyze_parser)
     add_intervention_options(analyze_parser)
@@ -33,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_intervention_options(intervene)
     intervene.set_defaults(handler=_intervene)
 
-    compare = sub.add_parser("compare", help="architecture comparison of finished runs (DESIGN.md §3.5)")
+    compare = sub.add_parser("compare", help="architecture comparison of finished runs (docs/method.md §10)")
     compare.add_argument("runs", nargs="+", help="run folders written by posleak analyze")
     compare.add_argument("--labels", nargs="+", help="one label per run (default: model id and interventions)")
     compare.add_argument("--out", required=True, help="folder for the comparison")
@@ -44,77 +55,107 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     size.add_argument("--quick", action="store_true", help="the default: about 15 minutes on 2 cores")
     size.add_argument("--full", action="store_true", help="more and longer sequences")
     paper.add_argument("--out", default="runs/paper", help="output folder (rerun to resume)")
+    add_placement_options(paper, defaults=True)
     paper.set_defaults(handler=_paper)
 
 
 def add_analysis_options(parser: argparse.ArgumentParser) -> None:
-    defaults = AnalyzeConfig()
-    parser.add_argument("--seq-len", type=int, default=defaults.seq_len, help="sequence length T")
-    parser.add_argument("--num-seqs", type=int, default=defaults.num_seqs, help="number of sequences N")
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    parser.add_argument("--bos", choices=["auto", "on", "off"], default=defaults.bos)
+    """The options of `AnalyzeConfig` (their defaults are its defaults: see the module docstring)."""
+    unset = argparse.SUPPRESS
+    parser.add_argument("--seq-len", type=int, default=unset, help="sequence length T")
+    parser.add_argument("--num-seqs", type=int, default=unset, help="number of sequences N")
+    parser.add_argument("--batch-size", type=int, default=unset, help="sequences per forward pass")
+    parser.add_argument("--bos", choices=["auto", "on", "off"], default=unset, help="BOS at position 0")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--corpus", default=defaults.corpus, help="stdlib | FILE.txt | FOLDER | FILE.jsonl[:field]")
-    source.add_argument("--tokens", help="a .npy file of token ids (N×T), taken verbatim")
-    parser.add_argument("--cross-documents", action="store_true", help="let sequences run across documents")
+    source.add_argument("--corpus", default=unset, help="stdlib | FILE.txt | FOLDER | FILE.jsonl[:field]")
+    source.add_argument("--tokens", default=unset, help="a .npy file of token ids (N×T), taken verbatim")
+    parser.add_argument(
+        "--cross-documents", action="store_true", default=unset, help="let sequences run across documents"
+    )
     parser.add_argument(
         "--grid",
         choices=["coarse", "exact"],
-        default=defaults.grid,
+        default=unset,
         help="resolution of the profile and offset-map tables (exact: one cell per pair, T ≤ 256); "
         "magnitudes are over single pairs whatever the grid",
     )
-    parser.add_argument("--early", type=int, default=defaults.early, help="early queries are 1 ≤ i < K")
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--bootstrap", type=int, default=defaults.bootstrap, help="bootstrap resamples")
+    parser.add_argument("--early", type=int, default=unset, help="early queries are 1 ≤ i < K")
+    parser.add_argument("--seed", type=int, default=unset, help="corpus sampling and random interventions")
+    parser.add_argument("--bootstrap", type=int, default=unset, help="bootstrap resamples")
     parser.add_argument("--out", required=True, help="run folder (rerun with the same arguments to resume)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with the checkpoint")
+    add_placement_options(parser, defaults=False)
+
+
+def add_placement_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """--device, --dtype, --device-map, --max-memory (posleak.device); `defaults=False`: none of their own, for
+    options that are `AnalyzeConfig` fields (the module docstring says why)."""
+    given = Placement()
+    group = parser.add_argument_group("device and precision (docs/method.md §4: the sums stay float64)")
+
+    def default(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
+    group.add_argument(
+        "--device", choices=DEVICES, default=default(given.device), help="auto: CUDA, else MPS, else CPU"
+    )
+    group.add_argument(
+        "--dtype", choices=DTYPES, default=default(given.dtype), help="the model's weights and activations"
+    )
+    group.add_argument(
+        "--device-map", choices=DEVICE_MAPS, default=default(given.device_map), help="spread the layers over devices"
+    )
+    group.add_argument(
+        "--max-memory",
+        default=default(given.max_memory),
+        metavar="DEV=SIZE,..",
+        help="with --device-map: cpu=8GiB,0=20GiB",
+    )
+
+
+def placement_from(args: argparse.Namespace) -> Placement:
+    return Placement(args.device, args.dtype, args.device_map, args.max_memory)
 
 
 def add_intervention_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("interventions (DESIGN.md §3.4)")
-    group.add_argument("--replace-bos", metavar="mean|random|zero|token:TEXT")
-    group.add_argument("--patch-pos0", metavar="SOURCE", help="TEXT of one token, or id:N")
-    group.add_argument("--patch-layers", default="all", metavar="L..", help="resid indices: all | L | A..B | L,L")
-    group.add_argument("--ablate-sink-values", metavar="auto|L.H,...")
-    group.add_argument("--ablate-mode", choices=["zero", "mean"], default="zero")
-    group.add_argument("--rope-scaling", metavar="ntk:K|linear:K|dynamic:K|yarn:K")
-    group.add_argument("--window", metavar="W|global")
+    unset = argparse.SUPPRESS
+    group = parser.add_argument_group("interventions (docs/method.md §9)")
+    group.add_argument("--replace-bos", default=unset, metavar="mean|random|zero|token:TEXT")
+    group.add_argument("--patch-pos0", default=unset, metavar="SOURCE", help="TEXT of one token, or id:N")
+    group.add_argument("--patch-layers", default=unset, metavar="L..", help="resid indices: all | L | A..B | L,L")
+    group.add_argument("--ablate-sink-values", default=unset, metavar="auto|L.H,...")
+    group.add_argument("--ablate-mode", choices=["zero", "mean"], default=unset, help="what replaces an ablated value")
+    group.add_argument("--rope-scaling", default=unset, metavar="ntk:K|linear:K|dynamic:K|yarn:K")
+    group.add_argument("--window", default=unset, metavar="W|global")
+
+
+def _given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The options given on the command line that are fields of the dataclass `cls`."""
+    names = {f.name for f in fields(cls)}
+    return {name: value for name, value in vars(args).items() if name in names}
 
 
 def interventions_from(args: argparse.Namespace) -> Interventions:
-    return Interventions(
-        replace_bos=args.replace_bos,
-        patch_pos0=args.patch_pos0,
-        patch_layers=args.patch_layers,
-        ablate_sink_values=args.ablate_sink_values,
-        ablate_mode=args.ablate_mode,
-        rope_scaling=args.rope_scaling,
-        window=args.window,
-        seed=args.seed,
-    )
+    from posleak.intervene import Interventions
+
+    return Interventions(**_given(args, Interventions))
 
 
 def config_from(args: argparse.Namespace, interventions: Interventions) -> AnalyzeConfig:
-    return AnalyzeConfig(
-        seq_len=args.seq_len,
-        num_seqs=args.num_seqs,
-        batch_size=args.batch_size,
-        bos=args.bos,
-        corpus=args.corpus,
-        tokens=args.tokens,
-        cross_documents=args.cross_documents,
-        grid=args.grid,
-        early=args.early,
-        seed=args.seed,
-        bootstrap=args.bootstrap,
-        interventions=interventions,
-    )
+    from posleak.analyze import AnalyzeConfig
+
+    return AnalyzeConfig(**{**_given(args, AnalyzeConfig), "interventions": interventions})
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from posleak.inspect import inspect_model
+
     info = inspect_model(
-        args.model, seq_len=args.seq_len, num_seqs=args.num_seqs, trust_remote_code=args.trust_remote_code
+        args.model,
+        seq_len=args.seq_len,
+        num_seqs=args.num_seqs,
+        trust_remote_code=args.trust_remote_code,
+        placement=placement_from(args),
     )
     if args.json:
         print(json.dumps(info, indent=2))
@@ -145,6 +186,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _analyze(args: argparse.Namespace) -> int:
+    from posleak.analyze import analyze
+
     config = config_from(args, interventions_from(args))
     result = analyze(args.model, config, out=Path(args.out), trust_remote_code=args.trust_remote_code)
     per_layer = result.per_layer
@@ -180,7 +223,8 @@ def _compare(args: argparse.Namespace) -> int:
 def _paper(args: argparse.Namespace) -> int:
     from posleak.experiments.paper import FULL, QUICK, reproduce
 
-    claims = reproduce(Path(args.out), FULL if args.full else QUICK)
+    plan = dataclasses.replace(FULL if args.full else QUICK, placement=placement_from(args))
+    claims = reproduce(Path(args.out), plan)
     print(f"wrote {args.out}: report.html, claims.json, runs/", file=sys.stderr)
     for claim in claims:
         print(f"{claim.claim}: {claim.verdict}")

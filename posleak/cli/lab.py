@@ -1,4 +1,9 @@
-"""`posleak train`, `posleak lab` and `posleak sweep`: the lab commands (posleak.lab)."""
+"""`posleak train`, `posleak lab` and `posleak sweep`: the lab commands (posleak.lab).
+
+The parsers read only modules without torch (`posleak.lab.config`, `posleak.backends`); the training options
+mirror `TrainConfig` fields and have no argparse default (`argparse.SUPPRESS`), so `TrainConfig`'s own
+defaults apply. The handlers import what they run.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,14 @@ import argparse
 import os
 from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from posleak.lab.compare import VARIANTS, LabRun, run_lab
-from posleak.lab.config import NORMS, PE_KINDS, SIZES, LabSpec
-from posleak.lab.sweep import BACKENDS, SweepSpec, run_sweep
-from posleak.lab.trainer import TrainConfig, train
-from posleak.lab.trial import EvalConfig
+from posleak.backends import BACKENDS
+from posleak.lab.config import NORMS, PE_KINDS, SIZES, VARIANTS, LabSpec
 from posleak.validate import Problems, out_folder_problems
+
+if TYPE_CHECKING:
+    from posleak.lab.trainer import TrainConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -56,20 +62,18 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_training_options(parser: argparse.ArgumentParser) -> None:
-    defaults = TrainConfig()
+    unset = argparse.SUPPRESS
     group = parser.add_argument_group("training")
-    group.add_argument("--steps", type=int, default=defaults.steps)
-    group.add_argument("--seq-len", type=int, default=defaults.seq_len, help="training length T")
-    group.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    group.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate")
-    group.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
-    group.add_argument("--eval-every", type=int, default=defaults.eval_every)
-    group.add_argument("--checkpoint-every", type=int, default=defaults.checkpoint_every)
-    group.add_argument("--seed", type=int, default=defaults.seed)
-    group.add_argument("--corpus", default=defaults.corpus, help="stdlib | FILE.txt | FOLDER | FILE.jsonl[:field]")
-    group.add_argument(
-        "--vocab-size", type=int, default=defaults.vocab_size, help="BPE vocabulary trained on the corpus"
-    )
+    group.add_argument("--steps", type=int, default=unset)
+    group.add_argument("--seq-len", type=int, default=unset, help="training length T")
+    group.add_argument("--batch-size", type=int, default=unset)
+    group.add_argument("--lr", type=float, default=unset, help="peak learning rate")
+    group.add_argument("--warmup-steps", type=int, default=unset)
+    group.add_argument("--eval-every", type=int, default=unset)
+    group.add_argument("--checkpoint-every", type=int, default=unset)
+    group.add_argument("--seed", type=int, default=unset)
+    group.add_argument("--corpus", default=unset, help="stdlib | FILE.txt | FOLDER | FILE.jsonl[:field]")
+    group.add_argument("--vocab-size", type=int, default=unset, help="BPE vocabulary trained on the corpus")
 
 
 def _add_backend_options(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +85,8 @@ def _add_backend_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _train_config(args: argparse.Namespace) -> TrainConfig:
+    from posleak.lab.trainer import TrainConfig
+
     names = {f.name for f in fields(TrainConfig)}
     return TrainConfig(**{name: value for name, value in vars(args).items() if name in names})
 
@@ -102,6 +108,8 @@ def _train(args: argparse.Namespace) -> int:
         config = _train_config(args)
     problems.extend(out_folder_problems(args.out))
     problems.raise_any()
+    from posleak.lab.trainer import train
+
     result = train(spec, config, Path(args.out), threads=args.threads)
     last = result.metrics.dropna(subset=["val_loss"]).iloc[-1]
     print(f"trained {result.step} steps: val loss {last['val_loss']:.4f} → {result.out}")
@@ -109,6 +117,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _lab(args: argparse.Namespace) -> int:
+    from posleak.lab.compare import LabRun, run_lab
+    from posleak.lab.trial import EvalConfig
+
     problems = Problems()
     with problems.collecting():
         train_config = _train_config(args)
@@ -133,6 +144,8 @@ def _lab(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    from posleak.lab.sweep import SweepSpec, run_sweep
+
     problems = Problems()
     with problems.collecting():
         spec = SweepSpec.read(args.spec)

@@ -12,7 +12,7 @@ from posleak.models import zoo
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     listing = subparsers.add_parser("models", help="list the built-in models and whether they are fetched")
     listing.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
-    listing.set_defaults(handler=_models)
+    listing.set_defaults(handler=_models, light=True)
 
     fetch = subparsers.add_parser("fetch", help="download, verify and convert a built-in model into the cache")
     fetch.add_argument("name", metavar="NAME|all", help=f"one of {', '.join(zoo.ZOO)}, or all")

@@ -17,7 +17,7 @@ import dataclasses
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from posleak.capture import CaptureSession, ResidualCapture
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.compare import summarise
 from posleak.data.batches import TokenBatch, iter_batches
+from posleak.device import Placement
 from posleak.errors import BadInput
 from posleak.experiments import claims as criteria
 from posleak.experiments.claims import Claim, Judgement, LabRuns
@@ -73,6 +74,7 @@ class Plan:
     batch_size: int = 4
     cross_documents: bool = False
     provisional: bool = False  # small samples: the report says its verdicts are provisional
+    placement: Placement = field(default_factory=Placement)  # device and dtype of every analysis (posleak.device)
 
 
 QUICK = Plan(
@@ -126,7 +128,7 @@ class Reproduction:
         if key not in self._models:
             if len(self._models) >= 2:  # keep memory bounded: at most two models loaded at once
                 self._models.pop(next(iter(self._models)))
-            self._models[key] = load_for(name, interventions)
+            self._models[key] = load_for(name, interventions, placement=self.plan.placement)
         return self._models[key]
 
     def config(self, model: str, **changes: Any) -> AnalyzeConfig:
@@ -143,6 +145,7 @@ class Reproduction:
             batch_size=plan.batch_size,
             bootstrap=plan.bootstrap,
             cross_documents=plan.cross_documents,
+            **plan.placement.to_dict(),
         )
         return dataclasses.replace(base, **changes)
 
@@ -303,7 +306,7 @@ def lab_runs(repro: Reproduction) -> LabRuns:
 
 def reproduce(out: Path | str, plan: Plan = QUICK, progress: bool = True) -> list[Claim]:
     """Run every analysis, judge every claim, write `claims.json`, tables and `report.html` into `out`."""
-    if problems := out_folder_problems(out):
+    if problems := out_folder_problems(out) + plan.placement.problems():
         raise BadInput(problems)
     repro = Reproduction(Path(out), plan, progress)
     steps: list[tuple[str, Callable[[], Any]]] = []

@@ -73,7 +73,7 @@ def intervene(
             loaded=base_model,
             progress=progress,
         )
-        model = load_for(spec, config.interventions, trust_remote_code, base=base_model)
+        model = load_for(spec, config.interventions, trust_remote_code, base=base_model, placement=config.placement)
         intervened_batch = without_bos(batch) if config.bos == "off" else batch
         intervened = analyze_model(
             model.model, intervened_batch, config, out=folder.path / "intervened", loaded=model, progress=progress
@@ -106,7 +106,10 @@ def checked_intervention(
     if interventions.is_empty and not bos_off:
         problems.add("posleak intervene needs at least one intervention option (see posleak intervene -h)")
     base = baseline_config(config)
-    loaded = checked_model(problems, spec, trust_remote_code)
+    if placement_problems := config.placement.problems():
+        problems.extend(placement_problems)  # no model loads where it cannot run
+        problems.raise_any()
+    loaded = checked_model(problems, spec, trust_remote_code, config.placement)
     if bos_off and config.tokens is None and loaded is not None and loaded.tokenizer.bos_token_id is None:
         problems.add(
             f"--bos off as an intervention removes the BOS at position 0, and {spec}'s tokenizer has none; "

@@ -33,7 +33,7 @@ from typing import Any
 import pandas as pd
 
 from posleak.errors import PosleakError
-from posleak.lab.config import LabSpec
+from posleak.lab.config import VARIANTS, LabSpec
 from posleak.lab.results import write_results
 from posleak.lab.sweep import run_trials
 from posleak.lab.trainer import TrainConfig
@@ -51,7 +51,6 @@ LAB_COLUMNS = (
     "mask_all",
     "resid_all",
 )
-VARIANTS: tuple[str, ...] = ("rope", "nope", "learned", "sinusoidal", "alibi", "rope-ntk", "window", "sink", "sigmoid")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,8 @@
-"""The lab model's configuration: `LabConfig` (a transformers config) and `LabSpec`, the options a user states.
+"""The lab model's options: `LabSpec`, the options a user states, and the names they may take.
+
+`LabConfig`, the transformers config a `LabSpec` becomes, lives in `posleak.lab.model` beside the model (it
+subclasses transformers' `PretrainedConfig`, which imports torch); it is importable from here too. This
+module imports neither, so that the command line can offer these choices instantly.
 
 A lab model varies one factor at a time (DESIGN.md §4):
 
@@ -21,12 +25,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
-
-from transformers import PretrainedConfig
+from typing import TYPE_CHECKING, Any
 
 from posleak.errors import PosleakError
 from posleak.validate import Problems, natural_number
+
+if TYPE_CHECKING:
+    from posleak.lab.model import LabConfig
 
 PE_KINDS: tuple[str, ...] = ("rope", "nope", "alibi", "learned", "sinusoidal")
 NORMS: tuple[str, ...] = ("softmax", "sink", "sigmoid")
@@ -41,73 +46,9 @@ SIZES: dict[str, tuple[int, int, int, int]] = {
 # Sigmoid attention needs its logits centred well below 0 or every weight starts near 1/2 and the
 # output grows with the number of keys: b = −log n (Ramapuram et al., arXiv 2409.04431), n = 128 here.
 SIGMOID_BIAS_INIT = -math.log(128.0)
-
-
-class LabConfig(PretrainedConfig):
-    """A posleak lab decoder: pre-norm blocks (RMSNorm → attention, RMSNorm → GELU MLP), tied embeddings."""
-
-    model_type = "posleak_lab"
-
-    vocab_size: int = 512
-    hidden_size: int = 128
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    intermediate_size: int = 512
-    max_position_embeddings: int = 2048
-    pe: str = "rope"
-    rope_base: float = 10000.0
-    rope_scale_kind: str = "none"
-    rope_factor: float = 1.0
-    rotary_fraction: float = 1.0
-    attention: str = "causal"
-    norm: str = "softmax"
-    bos: bool = True
-    size: str | None = None
-    rms_norm_eps: float = 1e-6
-    initializer_range: float = 0.02
-    sigmoid_bias_init: float = SIGMOID_BIAS_INIT
-    tie_word_embeddings: bool = True
-    bos_token_id: int | None = None
-    eos_token_id: int | None = None
-    pad_token_id: int | None = None
-    # Derived in __post_init__ (kept as fields so that tools reading a config.json see them).
-    head_dim: int | None = None
-    num_key_value_heads: int | None = None
-    sliding_window: int | None = None
-    prefix_length: int = 0
-
-    def __post_init__(self, **kwargs: Any) -> None:
-        _check_choice("pe", self.pe, PE_KINDS)
-        _check_choice("norm", self.norm, NORMS)
-        _check_choice("rope scaling", self.rope_scale_kind, ROPE_SCALINGS)
-        if self.hidden_size % self.num_attention_heads:
-            raise PosleakError(
-                f"hidden size {self.hidden_size} is not a multiple of {self.num_attention_heads} heads; change either"
-            )
-        self.head_dim = self.hidden_size // self.num_attention_heads
-        self.num_key_value_heads = self.num_attention_heads
-        self.sliding_window, self.prefix_length = parse_attention(self.attention)
-        if self.pe == "rope" and self.rotary_dim < 2:
-            raise PosleakError(f"rotary fraction {self.rotary_fraction} rotates no dimension pair; use at least 2/D")
-        super().__post_init__(**kwargs)
-
-    @property
-    def rotary_dim(self) -> int:
-        """Dimensions of each head that RoPE rotates (an even number)."""
-        return 2 * int(self.head_dim * self.rotary_fraction / 2)
-
-    @property
-    def rope_theta(self) -> float:
-        """The base RoPE actually uses: NTK-aware scaling raises it to θ·k^(D/(D−2)), D the rotary dimension."""
-        if self.rope_scale_kind == "ntk":
-            dim = self.rotary_dim
-            return self.rope_base * self.rope_factor ** (dim / (dim - 2)) if dim > 2 else self.rope_base
-        return self.rope_base
-
-    @property
-    def rope_position_scale(self) -> float:
-        """Linear interpolation divides positions by the factor; other kinds leave them."""
-        return 1.0 / self.rope_factor if self.rope_scale_kind == "linear" else 1.0
+# The variants `posleak lab` compares (posleak.lab.compare turns each into a LabSpec); named here, beside
+# the choices they vary, so that the command line lists them without importing the comparison.
+VARIANTS: tuple[str, ...] = ("rope", "nope", "learned", "sinusoidal", "alibi", "rope-ntk", "window", "sink", "sigmoid")
 
 
 def parse_attention(spec: str) -> tuple[int | None, int]:
@@ -136,7 +77,7 @@ def parse_rope_scaling(spec: str) -> tuple[str, float]:
     raise PosleakError(f"unknown RoPE scaling '{spec}'; use none, ntk:K or linear:K with a factor K ≥ 1")
 
 
-def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
+def check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise PosleakError(f"unknown {what} '{value}'; use one of {', '.join(choices)}")
 
@@ -157,9 +98,9 @@ class LabSpec:
     def __post_init__(self) -> None:
         problems = Problems()  # every bad option at once
         for check in (
-            lambda: _check_choice("size", self.size, tuple(SIZES)),
-            lambda: _check_choice("pe", self.pe, PE_KINDS),
-            lambda: _check_choice("norm", self.norm, NORMS),
+            lambda: check_choice("size", self.size, tuple(SIZES)),
+            lambda: check_choice("pe", self.pe, PE_KINDS),
+            lambda: check_choice("norm", self.norm, NORMS),
             lambda: parse_attention(self.attention),
             lambda: parse_rope_scaling(self.rope_scaling),
         ):
@@ -169,6 +110,8 @@ class LabSpec:
 
     def config(self, vocab_size: int, max_positions: int, bos_id: int | None, eos_id: int | None) -> LabConfig:
         """The model config for a tokenizer (vocabulary, special ids) and the longest length it must take."""
+        from posleak.lab.model import LabConfig
+
         hidden, layers, heads, mlp = SIZES[self.size]
         kind, factor = parse_rope_scaling(self.rope_scaling)
         return LabConfig(
@@ -193,3 +136,12 @@ class LabSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def __getattr__(name: str) -> Any:
+    """`LabConfig` moved to `posleak.lab.model` (it needs torch); importing it from here still works."""
+    if name == "LabConfig":
+        from posleak.lab.model import LabConfig
+
+        return LabConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

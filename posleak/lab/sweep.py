@@ -28,7 +28,6 @@ then be a folder every node can write (a shared file system).
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import multiprocessing
 import os
@@ -36,13 +35,13 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, fields
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pandas as pd
 import yaml
 from tqdm.auto import tqdm
 
+from posleak.backends import BACKENDS, ray_module
 from posleak.errors import PosleakError
 from posleak.lab.config import LabSpec
 from posleak.lab.results import write_results
@@ -50,7 +49,6 @@ from posleak.lab.trainer import TrainConfig
 from posleak.lab.trial import EvalConfig, Trial, finished_row, run_trial
 from posleak.validate import Problems, out_folder_problems
 
-BACKENDS: tuple[str, ...] = ("local", "ray")
 LAB_KEYS = frozenset(f.name for f in fields(LabSpec))
 TRAIN_KEYS = frozenset(f.name for f in fields(TrainConfig)) - {"seed"}
 
@@ -166,16 +164,9 @@ def _run_in_processes(trials: Sequence[Trial], root: Path, jobs: int, progress: 
         return [future.result() for future in futures]
 
 
-def _ray() -> ModuleType:
-    try:
-        return importlib.import_module("ray")
-    except ImportError as err:
-        raise PosleakError("--backend ray needs Ray, which is not installed; pip install 'posleak[ray]'") from err
-
-
 def _run_on_ray(trials: Sequence[Trial], root: Path, address: str | None, progress: bool) -> list[dict[str, Any]]:
     """One Ray task (1 CPU) per trial, on a local cluster started here or on the cluster at `address`."""
-    ray = _ray()
+    ray = ray_module()
     started_here = not ray.is_initialized()
     if started_here:
         if address:

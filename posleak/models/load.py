@@ -1,7 +1,8 @@
 """Load any model posleak can analyse: a built-in name, a local checkpoint folder, or a hub id.
 
-Every path ends the same way: a float32 (or `dtype`) eval-mode transformers model switched to
-posleak's attention function, its tokenizer, the hash of its weights, and its `ModelFacts`.
+Every path ends the same way: an eval-mode transformers model in the placement's dtype on its device (or
+spread over several by `--device-map auto`) switched to posleak's attention function, its tokenizer, the
+hash of its weights, and its `ModelFacts`.
 Weights load from safetensors or GGUF only, never from pickles, and a checkpoint's own Python code
 runs only with `trust_remote_code=True` (DESIGN.md §7).
 """
@@ -18,7 +19,8 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-import posleak.lab  # noqa: F401 - registers the lab model type with transformers' Auto classes
+import posleak.lab.model  # noqa: F401 - registers the lab model type with transformers' Auto classes
+from posleak.device import Placement
 from posleak.errors import PosleakError
 from posleak.models import zoo
 from posleak.models.facts import ModelFacts
@@ -45,12 +47,18 @@ class LoadedModel:
 def load_model(
     spec: str,
     *,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     trust_remote_code: bool = False,
     config_overrides: dict[str, Any] | None = None,
     cache: Path | str | None = None,
+    placement: Placement | None = None,
 ) -> LoadedModel:
     """Load `spec`: a built-in name (already fetched), a local folder or .gguf file, or a hub id.
+
+    `placement` says where and in what precision (default: float32 on the best device; its problems are
+    the caller's to check, `Placement.problems`); `dtype`, where given, overrides its dtype. With
+    `device_map="auto"` a model that does not fit the devices (and `max_memory`) is refused before any
+    weight is read.
 
     `config_overrides` replaces config fields (whole values, no deep merge) before the model is
     built, e.g. {"rope_parameters": {...}} or {"sliding_window": 128}; unknown fields are refused.
@@ -64,7 +72,9 @@ def load_model(
         folder, gguf = _resolve(spec, trust_remote_code)
         file_hash = _weights_hash([folder / gguf] if gguf else sorted(folder.glob("*.safetensors")))
         source_hash = file_hash if gguf else None
-    model, tokenizer = _read(spec, folder, gguf, dtype, trust_remote_code, config_overrides)
+    placement = placement or Placement()
+    dtype = dtype or placement.torch_dtype()
+    model, tokenizer = _read(spec, folder, gguf, dtype, trust_remote_code, config_overrides, placement)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -116,31 +126,83 @@ def _read(
     dtype: torch.dtype,
     trust_remote_code: bool,
     overrides: dict[str, Any] | None,
+    placement: Placement,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Build the model (eval mode, posleak's attention) and its tokenizer; load failures become one line."""
+    """Build the model (eval mode, posleak's attention, on its device) and its tokenizer; load failures
+    become one line."""
     from posleak.capture.attention import use_posleak_attention
 
     try:
         if gguf is None:
-            model, tokenizer = _read_safetensors(folder, dtype, trust_remote_code, overrides)
+            model, tokenizer = _read_safetensors(name, folder, dtype, trust_remote_code, overrides, placement)
         else:
+            if placement.device_map is not None:
+                raise PosleakError(
+                    f"--device-map needs a safetensors checkpoint; {name} is a GGUF file: convert it "
+                    "(posleak fetch does for the built-in models) or drop --device-map"
+                )
             config = _configure(AutoConfig.from_pretrained(folder, gguf_file=gguf), overrides)
             model, tokenizer = zoo.read_gguf(folder / gguf, dtype, config)
     except (OSError, ValueError, SafetensorError) as err:
         raise _load_error(name, err) from None
+    if placement.device_map is None:
+        model = model.to(placement.torch_device())
     use_posleak_attention(model.eval())
     return model, tokenizer
 
 
 def _read_safetensors(
-    folder: Path, dtype: torch.dtype, trust_remote_code: bool, overrides: dict[str, Any] | None
+    name: str,
+    folder: Path,
+    dtype: torch.dtype,
+    trust_remote_code: bool,
+    overrides: dict[str, Any] | None,
+    placement: Placement,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     config = _configure(AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code), overrides)
+    device_map = None
+    if placement.device_map is not None:
+        device_map = _device_map(name, config, dtype, placement, trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(
-        folder, config=config, dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code
+        folder,
+        config=config,
+        dtype=dtype,
+        use_safetensors=True,
+        trust_remote_code=trust_remote_code,
+        device_map=device_map,
     )
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
     return model, tokenizer
+
+
+def _device_map(
+    name: str, config: Any, dtype: torch.dtype, placement: Placement, trust_remote_code: bool
+) -> dict[str, int | str]:
+    """Where accelerate puts each layer within the devices' memory (`max_memory`, else what each device has),
+    from a model built without weights; refuses a model that would spill to disk (posleak's captures and
+    forwards would crawl, and a run would hold the disk twice)."""
+    from accelerate import infer_auto_device_map, init_empty_weights
+    from accelerate.utils import compute_module_sizes, get_max_memory
+
+    with init_empty_weights():
+        empty = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    empty.tie_weights()  # tied embeddings count once
+    limits = get_max_memory(placement.memory_limits())
+    mapping = infer_auto_device_map(
+        empty, max_memory=limits, no_split_module_classes=empty._no_split_modules or [], dtype=dtype
+    )
+    if any(where == "disk" for where in mapping.values()):
+        size = compute_module_sizes(empty, dtype=dtype)[""]
+        room = ", ".join(f"{device}: {_gib(limit)}" for device, limit in limits.items())
+        raise PosleakError(
+            f"--device-map auto: {name} needs {_gib(size)} in {str(dtype).removeprefix('torch.')} but the devices "
+            f"hold {room}; raise --max-memory, add devices, or use a smaller --dtype"
+        )
+    return mapping
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.2f} GiB"
 
 
 def _configure(config: Any, overrides: dict[str, Any] | None) -> Any:
