@@ -127,9 +127,10 @@ def _attend_uncaptured(
 ) -> torch.Tensor:
     if softcap is None and sink is None and norm == "softmax":
         seq_len = query.shape[-2]
-        mask = None if spec.plain_causal or not spec.restricts(seq_len) else spec.dense(seq_len, query.device)
+        causal = spec.plain_causal_at(seq_len)
+        mask = None if causal or not spec.restricts(seq_len) else spec.dense(seq_len, query.device)
         return F.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, dropout_p=dropout, is_causal=spec.plain_causal, scale=scaling
+            query, key, value, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=scaling
         )
     out, _ = attend_materialised(query, key, value, spec, scaling, softcap, sink, norm)
     return out
@@ -140,11 +141,10 @@ def _attend_flash(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """torch's CPU flash kernel: the output and the log-sum-exp of each query's valid logits."""
     seq_len = query.shape[-2]
-    mask = (
-        None if spec.plain_causal or not spec.restricts(seq_len) else spec.additive(seq_len, query.dtype, query.device)
-    )
+    causal = spec.plain_causal_at(seq_len)
+    mask = None if causal or not spec.restricts(seq_len) else spec.additive(seq_len, query.dtype, query.device)
     out, log_z = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query.contiguous(), key.contiguous(), value.contiguous(), 0.0, spec.plain_causal, attn_mask=mask, scale=scaling
+        query.contiguous(), key.contiguous(), value.contiguous(), 0.0, causal, attn_mask=mask, scale=scaling
     )
     return out, log_z
 
