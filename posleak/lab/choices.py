@@ -217,7 +217,10 @@ def components_table(table: pd.DataFrame, multiples: tuple[int, ...], seed: int 
                 pair = group[[f"acc_{m}x", component]].to_numpy(dtype=float)
                 rho = _spearman(pair)
                 boot = np.array([_spearman(pair[draw]) for draw in draws])
-                lo, hi = np.nanpercentile(boot, [2.5, 97.5]) if np.isfinite(boot).any() else (np.nan, np.nan)
+                # where many resamples leave ρ undefined (accuracy constant in them), the defined ones are a
+                # biased selection: no interval then, and nothing is claimed
+                defined = np.isfinite(boot).mean() >= LEVEL
+                lo, hi = np.nanpercentile(boot, [2.5, 97.5]) if defined else (np.nan, np.nan)
                 rows.append(
                     {
                         "task": task,
