@@ -43,6 +43,7 @@ from posleak.data.corpus import load_corpus
 from posleak.device import Placement
 from posleak.errors import BadInput, PosleakError
 from posleak.intervene import Interventions
+from posleak.intervene.behaviour import next_token_scores, token_table
 from posleak.measure import LAYER_MAGNITUDES, Decomposition, Grid, LayerResult, MeasureSpec, measure_layer
 from posleak.measure.position0 import fingerprint_constancy
 from posleak.models.load import LoadedModel, load_model
@@ -132,13 +133,17 @@ class AnalysisResult:
     bootstrap: pd.DataFrame  # per resample and layer, the mean over heads of each magnitude (paired runs)
     manifest: dict[str, Any]
     run: RunFolder | None = None
+    # per sequence and query position: next-token loss and top-1 hit (posleak.intervene.behaviour)
+    tokens: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     TABLES = ("per_head", "per_layer", "profiles", "offset_map", "position0", "bootstrap")
 
     @classmethod
     def read(cls, run: RunFolder) -> AnalysisResult:
         tables = {name: run.read_table(name) for name in cls.TABLES}
-        return cls(**tables, manifest=run.read_manifest(), run=run)
+        # a folder finished before next-token scores were kept has no tokens table; it reads back without
+        tokens = run.read_table("tokens") if run.table_path("tokens").is_file() else pd.DataFrame()
+        return cls(**tables, manifest=run.read_manifest(), run=run, tokens=tokens)
 
 
 def analyze(
@@ -339,7 +344,9 @@ def _analyze(
         )
         measured = Decomposition.of(_measure(captures, spec, run, model_id, progress), spec)
         measure_s = time.perf_counter() - started - forward_s
+        nll, correct = torch.cat(captures.extra("nll")), torch.cat(captures.extra("correct"))
     result = _tables(measured, states, closed)
+    result.tokens = token_table(nll, correct, batch.ids)
     timings = {
         "forward_s": round(forward_s, 3),
         "measure_s": round(measure_s, 3),
@@ -410,10 +417,12 @@ def _capture(
             seq_index, ids = chunks[index]
             recorder.batch = index
             with ResidualCapture(model, positions=[0]) as residual:
-                session.forward(model, ids, seq_index)
+                output = session.forward(model, ids, seq_index)
             pos0 = residual.states()[:, :, 0]
             _check_finite(pos0, model_id)
-            captures.finish_batch(index, seq_index, {"pos0": pos0})
+            # the model's own predictions from this same forward (interventions included): no second pass
+            nll, correct = next_token_scores(model, output.last_hidden_state, ids)
+            captures.finish_batch(index, seq_index, {"pos0": pos0, "nll": nll, "correct": correct})
             bar.update(1)
     return sink_heads
 
@@ -623,7 +632,7 @@ def _position0_tokens(batch: TokenBatch, tokenizer: PreTrainedTokenizerBase | No
 
 
 def _write(run: RunFolder, result: AnalysisResult) -> None:
-    for name in AnalysisResult.TABLES:
+    for name in (*AnalysisResult.TABLES, "tokens"):
         run.write_table(name, getattr(result, name))
     early = result.manifest["early"]
     paths = {

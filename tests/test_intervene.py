@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 from cli import file_stamps
-from tiny import SINK_T, WINDOW, sink_ids, sink_model, sink_scores, tiny_model, tiny_tokenizer
+from tiny import FAMILIES, SINK_T, WINDOW, sink_ids, sink_model, sink_scores, tiny_model, tiny_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from posleak.analyze import AnalysisResult, AnalyzeConfig, _sink_heads, analyze_model, sequences_for
@@ -20,10 +20,12 @@ from posleak.capture import AttentionEdits, CaptureSession, ResidualCapture, use
 from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
 from posleak.intervene import Interventions
+from posleak.intervene.behaviour import behaviour_table
 from posleak.intervene.effect import effect_table, intervene
 from posleak.intervene.embedding import mean_embedding
 from posleak.measure import LAYER_MAGNITUDES, measured_magnitudes
-from posleak.models.load import load_model
+from posleak.measure.bootstrap import resample_weights
+from posleak.models.load import LoadedModel, load_model
 
 T = 3 * WINDOW
 
@@ -351,7 +353,13 @@ def test_intervene_bos_off_removes_the_bos_and_nothing_else(tmp_path: Path, chec
     cut = with_bos.ids[:, 1:]
     reference = analyze_model(loaded.model, _verbatim(cut), config, model_id="reference", progress=False)
     pd.testing.assert_frame_equal(_numbers(run.intervened.per_layer), _numbers(reference.per_layer))
+    pd.testing.assert_frame_equal(run.intervened.tokens, reference.tokens)
     assert run.intervened.manifest["data"]["seq_len"] == 23
+    # predictions compared token by token: the BOS's own (baseline query 0) has no counterpart
+    overall = run.behaviour[run.behaviour["bucket"] == "all"].set_index("measure")
+    kept = run.baseline.tokens[run.baseline.tokens["pos"] >= 1]
+    assert overall.loc["loss", "baseline"] == pytest.approx(kept["nll"].mean(), rel=1e-12)
+    assert overall.loc["loss", "intervened"] == pytest.approx(reference.tokens["nll"].mean(), rel=1e-12)
     assert {t["id"] for t in run.intervened.manifest["bos"]["position0_tokens"]} == set(cut[:, 0].tolist())
 
     out = tmp_path / "run"
@@ -393,3 +401,125 @@ def test_intervene_rope_scaling_reloads_the_model_with_the_scaled_base(
     pd.testing.assert_frame_equal(_numbers(run.intervened.per_layer), _numbers(reference.per_layer))
     assert not np.allclose(run.intervened.per_layer["mask_all"], run.baseline.per_layer["mask_all"])
     _assert_effect_file_matches_the_runs(tmp_path / "run")
+
+
+# ------------------------------------------------------------------- the model's own predictions (behaviour)
+
+
+def _eager_scores(model: PreTrainedModel, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """transformers' own per-token cross-entropy and top-1 hits from eager attention, and its own `loss` for
+    labels = ids; the model is switched back to posleak's attention afterwards."""
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids, labels=ids, use_cache=False)
+    finally:
+        use_posleak_attention(model)
+    logits = out.logits[:, :-1].float()
+    # rows × vocabulary, as transformers' loss takes them: a (B, V, T) layout sums the exponentials in another
+    # order, 1e-4 nats apart over a 49,152-word vocabulary in float32
+    flat = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
+    return flat.view(ids.shape[0], -1), logits.argmax(-1) == ids[:, 1:], float(out.loss)
+
+
+def _scores(tokens: pd.DataFrame, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    ordered = tokens.sort_values(["seq", "pos"])
+    return ordered["nll"].to_numpy().reshape(shape), ordered["correct"].to_numpy().reshape(shape)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_next_token_scores_equal_transformers_loss_with_eager_attention(family: str) -> None:
+    """The loss and top-1 hits `analyze_model` keeps from its own forward are those of the model's causal-LM head
+    (Gemma 2's final soft-cap included), against transformers' loss with eager attention on the same ids."""
+    model = use_posleak_attention(tiny_model(family))
+    ids = _ids(model, batch=4)
+    config = AnalyzeConfig(seq_len=T, num_seqs=4, batch_size=3, bootstrap=0)
+    result = analyze_model(model, _verbatim(ids), config, model_id=family, progress=False)
+    nll, hits, loss = _eager_scores(model, ids)
+    got_nll, got_hits = _scores(result.tokens, (4, T - 1))
+    assert result.tokens["nll"].mean() == pytest.approx(loss, abs=1e-5)
+    np.testing.assert_allclose(got_nll, nll.numpy(), atol=1e-5)
+    np.testing.assert_array_equal(got_hits, hits.numpy())
+    np.testing.assert_array_equal(result.tokens.sort_values(["seq", "pos"])["target"], ids[:, 1:].flatten())
+
+
+@pytest.mark.slow
+def test_real_model_next_token_scores_equal_transformers_loss(smollm2: LoadedModel) -> None:
+    """The same on SmolLM2-135M (a 49,152-word output layer, formed in blocks of rows)."""
+    batch = sequences_for(smollm2, AnalyzeConfig(seq_len=96, num_seqs=2))
+    config = AnalyzeConfig(seq_len=96, num_seqs=2, batch_size=2, bootstrap=0)
+    result = analyze_model(smollm2.model, batch, config, loaded=smollm2, progress=False)
+    nll, hits, loss = _eager_scores(smollm2.model, batch.ids)
+    got_nll, got_hits = _scores(result.tokens, (2, 95))
+    assert result.tokens["nll"].mean() == pytest.approx(loss, abs=1e-5)
+    np.testing.assert_allclose(got_nll, nll.numpy(), atol=1e-4)
+    assert (got_hits == hits.numpy()).mean() > 0.99  # a near-tie may flip between attention kernels
+    assert got_hits.mean() == pytest.approx(hits.double().mean().item(), abs=0.02)
+
+
+def test_window_wider_than_the_sequences_changes_no_prediction(tmp_path: Path, checkpoint: tuple[Path, Path]) -> None:
+    """`--window 1000` on 24-token rows admits every causal pair: the intervened run's losses and hits equal the
+    baseline's bit for bit, every change and its interval is 0, and the baseline's loss over all queries is
+    transformers' own loss (eager attention) on the same ids."""
+    folder, corpus = checkpoint
+    spec = Interventions(window="1000")
+    config = AnalyzeConfig(seq_len=24, num_seqs=6, batch_size=4, corpus=str(corpus), bootstrap=40, interventions=spec)
+    run = intervene(str(folder), config, out=tmp_path / "run", progress=False)
+    pd.testing.assert_frame_equal(run.intervened.tokens, run.baseline.tokens, check_exact=True)
+    assert (run.behaviour[["change", "change_lo", "change_hi"]].to_numpy() == 0).all()
+
+    loaded = load_model(str(folder))
+    _, hits, loss = _eager_scores(loaded.model, sequences_for(loaded, config).ids)
+    overall = run.behaviour[run.behaviour["bucket"] == "all"].set_index("measure")
+    assert overall.loc["loss", "baseline"] == pytest.approx(loss, abs=1e-5)
+    assert overall.loc["accuracy", "baseline"] == pytest.approx(hits.double().mean().item(), abs=1e-12)
+    assert overall.loc["loss", "tokens"] == 6 * 23
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "run" / "behaviour.parquet"), run.behaviour)
+    assert "Effect on the model" in (tmp_path / "run" / "report.html").read_text()
+
+
+def _token_frame(values: np.ndarray, hits: np.ndarray) -> pd.DataFrame:
+    n, q = values.shape
+    return pd.DataFrame(
+        {
+            "seq": np.repeat(np.arange(n), q),
+            "pos": np.tile(np.arange(q), n),
+            "target": np.arange(n * q) % 7,
+            "nll": values.flatten(),
+            "correct": hits.flatten(),
+        }
+    )
+
+
+@pytest.mark.parametrize("shift", [0, 1])
+def test_behaviour_intervals_are_the_paired_resamples_of_sequences(shift: int) -> None:
+    """Each resample of `behaviour_table` against recomputing it from scratch on the resampled sequences (the
+    rows drawn, repeated), both runs with the same draws; a run one token shorter at the front (`--bos off`)
+    compared token by token: its query i against the baseline's query i + 1."""
+    rng = np.random.default_rng(shift)
+    n, seq_len, resamples, early = 7, 40, 50, 10
+    base_nll, base_hit = rng.gamma(2.0, 1.0, (n, seq_len - 1)), rng.random((n, seq_len - 1)) < 0.4
+    new_nll, new_hit = rng.gamma(2.5, 1.0, (n, seq_len - 1 - shift)), rng.random((n, seq_len - 1 - shift)) < 0.3
+    empty = pd.DataFrame()
+    baseline = AnalysisResult(empty, empty, empty, empty, empty, empty, {}, tokens=_token_frame(base_nll, base_hit))
+    new_tokens = _token_frame(new_nll, new_hit)
+    new_tokens["target"] = _token_frame(base_nll, base_hit)["target"].to_numpy().reshape(n, -1)[:, shift:].flatten()
+    intervened = AnalysisResult(empty, empty, empty, empty, empty, empty, {}, tokens=new_tokens)
+    table = behaviour_table(baseline, intervened, early=early, resamples=resamples, seed=5).set_index(
+        ["bucket", "measure"]
+    )
+    assert list(dict.fromkeys(table.index.get_level_values(0))) == ["first", "early", "middle", "late", "all"]
+    weights = resample_weights(n, resamples, 5).numpy().astype(int)
+    spans = {"first": (0, 4), "early": (4, 10), "middle": (10, 20), "late": (20, 39), "all": (0, 39)}
+    for bucket, (lo, hi) in spans.items():
+        lo = max(lo, shift)  # the BOS's own prediction has no counterpart in the shorter run
+        for measure, (b, v) in {"loss": (base_nll, new_nll), "accuracy": (base_hit, new_hit)}.items():
+            b_cell, v_cell = b[:, lo:hi].astype(float), v[:, lo - shift : hi - shift].astype(float)
+            draws = [np.repeat(np.arange(n), w) for w in weights]
+            changes = [v_cell[rows].mean() - b_cell[rows].mean() for rows in draws]
+            row = table.loc[(bucket, measure)]
+            assert row["tokens"] == n * (hi - lo)
+            assert row["baseline"] == pytest.approx(b_cell.mean(), rel=1e-12)
+            assert row["change"] == pytest.approx(v_cell.mean() - b_cell.mean(), rel=1e-12, abs=1e-12)
+            assert row["change_lo"] == pytest.approx(np.percentile(changes, 2.5), rel=1e-9, abs=1e-12)
+            assert row["change_hi"] == pytest.approx(np.percentile(changes, 97.5), rel=1e-9, abs=1e-12)

@@ -15,6 +15,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from cli import file_stamps, run_cli
+from cli import assert_error_lines, file_stamps, run_cli, run_main
 from harness import analyze_recorded, errors_of
 from reference import assert_close
 from safetensors.torch import load_file
@@ -35,10 +36,12 @@ from posleak.capture.session import AttentionCall
 from posleak.cli import main
 from posleak.errors import PosleakError
 from posleak.lab import trainer as trainer_module
+from posleak.lab.choices import TASK_EVAL, TASK_TRAIN, TaskLab
 from posleak.lab.compare import LAB_COLUMNS, LabRun, run_lab
 from posleak.lab.config import NORMS, PE_KINDS, LabConfig, LabSpec
 from posleak.lab.model import LabForCausalLM, build_lab_model, load_lab_model
 from posleak.lab.sweep import SweepSpec, run_sweep
+from posleak.lab.tasks import generate
 from posleak.lab.trainer import TrainConfig, lab_sequences, prepare_data, train
 from posleak.lab.trial import MARKER, EvalConfig, Trial, trial_folder
 from posleak.measure.probe import PROBE_COLUMNS, ProbeConfig, probe_positions
@@ -681,3 +684,75 @@ def test_ray_worker_that_keeps_dying_fails_the_sweep_and_a_rerun_finishes_it(
     table = run_sweep(spec, tmp_path, backend="ray", progress=False)
     assert _finished_stamps(tmp_path, trials[:2]) | file_stamps(tmp_path / "models" / trials[2].train_key) == kept
     _assert_same_results(table, reference_sweep[1])
+
+
+# ------------------------------------------------------------------------------ tasks that need position (issue 12)
+
+T_QUANTILE_2 = 4.302652729911275  # Student's t, 97.5th percentile, 2 degrees of freedom (tables)
+
+
+@pytest.mark.slow
+def test_cli_lab_task_trains_three_variants_over_three_seeds(tmp_path: Path) -> None:
+    """`posleak lab --task index` with 3 variants × 3 seeds at tiny size: one row per trial; each trial's accuracy
+    at 1× recomputed from its saved model on the rows it was scored on (fresh rows of the evaluation stream) by
+    greedy decoding; the per-variant intervals the t-interval over seeds; ranks and `beats` what the intervals
+    say; the analytic chance level of the index task."""
+    argv = ["--steps", "30", "--seq-len", "16", "--batch-size", "8", "--eval-every", "10", "--warmup-steps", "3"]
+    proc = run_cli(
+        "lab", "--task", "index", "--variants", "rope,nope,learned", *argv, "--jobs", "2", "--out", str(tmp_path)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = pd.read_parquet(tmp_path / "lab.parquet")
+    assert sorted(table["variant"]) == sorted(f"index/{v}" for v in ("rope", "nope", "learned") for _ in range(3))
+    assert sorted(table["seed"]) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert table[["mask_all", "resid_all", "probe_r2_best", "train_s"]].notna().all().all()
+    assert (table["chance_1x"] == 1 / (16 - 7)).all() and (table["chance_4x"] == 1 / (64 - 7)).all()
+
+    config = TaskLab(
+        tasks=("index",),
+        variants=("rope", "nope", "learned"),
+        train=replace(TASK_TRAIN, steps=30, seq_len=16, batch_size=8, eval_every=10, warmup_steps=3),
+    )
+    trial = config.labs()[1].trial("nope")  # seed 1
+    row = table[table["trial"] == trial.key].iloc[0]
+    model = load_lab_model(str(tmp_path / "models" / trial.train_key))
+    rows = generate("index", TASK_EVAL.task_seqs, 16, (1, 2, 1))
+    with torch.no_grad():
+        answer = model(input_ids=rows.ids[:, :-1]).logits[:, -1].argmax(-1)
+    assert row["acc_1x"] == pytest.approx(float((answer == rows.ids[:, -1]).double().mean()), abs=1e-12)
+
+    variants = pd.read_parquet(tmp_path / "variants.parquet").set_index("variant")
+    for variant, group in table.groupby(table["variant"].str.split("/").str[1]):
+        for measure in ("acc_1x", "mask_all", "resid_all", "probe_r2_best"):
+            values = group[measure].to_numpy()
+            half = T_QUANTILE_2 * values.std(ddof=1) / np.sqrt(3)
+            lo, hi = values.mean() - half, values.mean() + half
+            if measure == "acc_1x":
+                lo, hi = max(lo, 0.0), min(hi, 1.0)
+            got = variants.loc[variant, [measure, f"{measure}_lo", f"{measure}_hi"]].to_numpy(dtype=float)
+            np.testing.assert_allclose(got, [values.mean(), lo, hi], rtol=1e-9, atol=1e-12)
+    choices = pd.read_parquet(tmp_path / "choices.parquet")
+    assert len(choices) == 9 and set(choices["multiple"]) == {1, 2, 4}
+    for _, cell in choices.groupby("multiple"):
+        by_name = cell.set_index("variant")
+        for name, r in by_name.iterrows():
+            assert r["rank"] == 1 + int((by_name["accuracy"] > r["accuracy"]).sum())
+            beaten = sorted(o for o, s in by_name.iterrows() if o != name and r["accuracy_lo"] > s["accuracy_hi"])
+            assert sorted(filter(None, r["beats"].split(","))) == beaten
+    assert set(pd.read_parquet(tmp_path / "components.parquet")["component"]) == {
+        "mask_all",
+        "resid_all",
+        "probe_r2_best",
+    }
+    assert "Architecture choices per task" in (tmp_path / "report.html").read_text()
+
+
+def test_cli_lab_task_bad_input_is_refused_before_any_work(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = run_main("lab", "--task", "nosuch", "--seeds", "0,x", "--variants", "rope,foo", "--out", str(out))
+    assert_error_lines(proc, "unknown task nosuch", "bad --seeds '0,x'", "unknown lab variants ['foo']")
+    proc = run_main("lab", "--tasks", "index,copy", "--seq-len", "200", "--out", str(out))
+    assert_error_lines(proc, "task index takes rows of 9 to 503 tokens")
+    proc = run_main("lab", "--task", "copy", "--tasks", "all", "--out", str(out))
+    assert_error_lines(proc, "--task and --tasks name the same thing")
+    assert not out.exists()

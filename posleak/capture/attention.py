@@ -147,9 +147,10 @@ def _attend_uncaptured(
 ) -> torch.Tensor:
     if softcap is None and sink is None and norm == "softmax":
         seq_len = query.shape[-2]
-        mask = None if spec.plain_causal or not spec.restricts(seq_len) else spec.dense(seq_len, query.device)
+        causal = spec.plain_causal_at(seq_len)
+        mask = None if causal or not spec.restricts(seq_len) else spec.dense(seq_len, query.device)
         return F.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, dropout_p=dropout, is_causal=spec.plain_causal, scale=scaling
+            query, key, value, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=scaling
         )
     out, _ = attend_materialised(query, key, value, spec, scaling, softcap, sink, norm)
     return out
@@ -164,7 +165,8 @@ def _attend_fused(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A fused kernel: the output and the float32 log-sum-exp of each query's valid logits, (B, H, T)."""
     seq_len = query.shape[-2]
-    masked = not spec.plain_causal and spec.restricts(seq_len)
+    causal = spec.plain_causal_at(seq_len)
+    masked = not causal and spec.restricts(seq_len)
     query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
     if query.device.type == "cuda":
         # Not run by posleak's tests (no GPU where they run); benchmarks/device_check.py checks it against
@@ -176,12 +178,12 @@ def _attend_fused(
             bias = spec.additive(width, query.dtype, query.device)[:seq_len, :seq_len]
             bias = bias.expand(query.shape[0], query.shape[1], seq_len, seq_len)
         out, log_z, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
-            query, key, value, bias, True, 0.0, spec.plain_causal, scale=scaling
+            query, key, value, bias, True, 0.0, causal, scale=scaling
         )
         return out, log_z[..., :seq_len]
     mask = spec.additive(seq_len, query.dtype, query.device) if masked else None
     out, log_z = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query, key, value, 0.0, spec.plain_causal, attn_mask=mask, scale=scaling
+        query, key, value, 0.0, causal, attn_mask=mask, scale=scaling
     )
     return out, log_z
 

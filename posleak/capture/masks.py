@@ -26,10 +26,14 @@ class MaskSpec:
         if self.window is not None and self.window < 1:
             raise ValueError(f"window must be ≥ 1, got {self.window}")
 
-    @property
-    def plain_causal(self) -> bool:
-        """True when the mask is the lower triangle, nothing else (the flash kernel's is_causal)."""
-        return self.causal and self.window is None and self.prefix == 0
+    def plain_causal_at(self, seq_len: int) -> bool:
+        """True when, at this length, the valid pairs are the lower triangle (the flash kernel's is_causal).
+
+        A window at least T wide admits every causal pair; the kernels then take the same is_causal call as
+        without a window, so such a window changes no number, bit for bit (an intervention that changes
+        nothing leaves everything unchanged)."""
+        no_window = self.window is None or self.window >= seq_len
+        return self.causal and no_window and self.prefix == 0
 
     def restricts(self, seq_len: int) -> bool:
         """Whether the mask excludes any pair at this length (an encoder-style mask does not)."""

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from posleak.backends import BACKENDS
-from posleak.lab.config import NORMS, PE_KINDS, SIZES, VARIANTS, LabSpec
-from posleak.validate import Problems, out_folder_problems
+from posleak.lab.config import NORMS, PE_KINDS, SIZES, TASK_NAMES, TASK_SEEDS, TASK_VARIANTS, VARIANTS, LabSpec
+from posleak.validate import Problems, natural_number, out_folder_problems
 
 if TYPE_CHECKING:
     from posleak.lab.trainer import TrainConfig
@@ -32,9 +32,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     lab_parser = sub.add_parser("lab", help="compare lab variants (position encodings, masks, norms) at one budget")
     lab_parser.add_argument("--size", choices=list(SIZES), default="tiny")
     lab_parser.add_argument("--bos", choices=["on", "off"], default="on")
-    lab_parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    lab_parser.add_argument(
+        "--variants",
+        help=f"comma-separated, of {', '.join(VARIANTS)} (default: all; with tasks: {','.join(TASK_VARIANTS)})",
+    )
     lab_parser.add_argument("--ntk-factor", type=float, default=4.0, help="NTK factor of the rope-ntk variant")
+    tasks = lab_parser.add_argument_group("tasks that need position (posleak.lab.tasks; instead of the corpus)")
+    tasks.add_argument("--task", help=f"train the variants on one task: {', '.join(TASK_NAMES)}")
+    tasks.add_argument("--tasks", help="all, or comma-separated task names: writes choices.parquet")
+    tasks.add_argument(
+        "--seeds",
+        help=f"comma-separated training seeds of a task run (default {','.join(map(str, TASK_SEEDS))}; "
+        "intervals are over seeds)",
+    )
     _add_training_options(lab_parser)
+    # unset training options take TrainConfig's defaults for the corpus, TASK_TRAIN's for tasks
+    lab_parser.set_defaults(**{f.name: None for f in fields(TrainConfig) if f.name != "task"})
     _add_backend_options(lab_parser)
     lab_parser.add_argument("--out", required=True, help="output folder (rerun to resume; finished variants stay)")
     lab_parser.set_defaults(handler=_lab)
@@ -84,11 +97,13 @@ def _add_backend_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _train_config(args: argparse.Namespace) -> TrainConfig:
+def _train_config(args: argparse.Namespace, base: TrainConfig | None = None) -> TrainConfig:
+    """The training options given on the command line over `base` (TrainConfig's defaults)."""
     from posleak.lab.trainer import TrainConfig
 
-    names = {f.name for f in fields(TrainConfig)}
-    return TrainConfig(**{name: value for name, value in vars(args).items() if name in names})
+    names = {f.name for f in fields(TrainConfig)} - {"task"}  # --task names the lab's tasks, set per trial
+    given = {name: value for name, value in vars(args).items() if name in names and value is not None}
+    return replace(base, **given) if base is not None else TrainConfig(**given)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -117,6 +132,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _lab(args: argparse.Namespace) -> int:
+    if args.task is not None or args.tasks is not None or args.seeds is not None:
+        return _task_lab(args)
     from posleak.lab.compare import LabRun, run_lab
     from posleak.lab.trial import EvalConfig
 
@@ -128,7 +145,7 @@ def _lab(args: argparse.Namespace) -> int:
             bos=args.bos == "on",
             train=train_config,
             eval=EvalConfig(),
-            variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()),
+            variants=_names(args.variants or ",".join(VARIANTS)),
             ntk_factor=args.ntk_factor,
         )
     problems.extend(out_folder_problems(args.out))
@@ -140,6 +157,56 @@ def _lab(args: argparse.Namespace) -> int:
         )
     )
     print(f"report: {Path(args.out) / 'report.html'}")
+    return 0
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def _task_lab(args: argparse.Namespace) -> int:
+    """`posleak lab --task NAME | --tasks all|A,B [--seeds 0,1,2]`: every option checked before any training."""
+    from posleak.lab.choices import TASK_TRAIN, TaskLab, run_task_lab
+    from posleak.lab.tasks import parse_tasks
+
+    problems = Problems()
+    if args.task is not None and args.tasks is not None:
+        problems.add("--task and --tasks name the same thing; give one of them")
+    if args.task is None and args.tasks is None:
+        problems.add("--seeds is for task runs; add --task NAME or --tasks all")
+    if args.seed is not None:
+        problems.add("--seed is for corpus runs; a task run trains every variant with each of --seeds")
+    names: tuple[str, ...] = ()
+    with problems.collecting():
+        names = parse_tasks(args.tasks if args.tasks is not None else (args.task or ""))
+        if args.task is not None and len(names) != 1:
+            problems.add(f"--task takes one task name, got {args.task!r}; use --tasks for several")
+    seeds: tuple[int, ...] = TASK_SEEDS
+    if args.seeds is not None:
+        parsed = [natural_number(part.strip()) for part in args.seeds.split(",")]
+        if any(seed is None for seed in parsed) or not parsed:
+            problems.add(f"bad --seeds {args.seeds!r}; use comma-separated non-negative integers, e.g. 0,1,2")
+        else:
+            seeds = tuple(seed for seed in parsed if seed is not None)
+    config = None
+    with problems.collecting():
+        config = TaskLab(
+            tasks=names,
+            variants=_names(args.variants or ",".join(TASK_VARIANTS)),
+            seeds=seeds,
+            size=args.size,
+            bos=args.bos == "on",
+            train=_train_config(args, TASK_TRAIN),
+            ntk_factor=args.ntk_factor,
+        )
+        config.labs()  # each task's lab checks its variants and its lengths
+    problems.extend(out_folder_problems(args.out))
+    problems.raise_any()
+    assert config is not None
+    choices = run_task_lab(config, args.out, backend=args.backend, address=args.address, jobs=args.jobs)
+    first = choices[choices["multiple"] == choices["multiple"].min()]
+    print(first[["task", "variant", "rank", "accuracy", "accuracy_lo", "accuracy_hi", "beats"]].to_string(index=False))
+    print(f"choices: {Path(args.out) / 'choices.parquet'}, report: {Path(args.out) / 'report.html'}")
     return 0
 
 

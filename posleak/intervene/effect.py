@@ -1,9 +1,10 @@
 """`posleak intervene`: a baseline and an intervened run on the same sequences, and the effect.
 
 The effect of an intervention on a magnitude is 100·(intervened/baseline − 1), per layer and overall
-(layer −1: the ratio of the means over layers), DESIGN.md §3.4. Its interval is a paired bootstrap:
+(layer −1: the ratio of the means over layers), docs/method.md §9. Its interval is a paired bootstrap:
 both runs draw the same resampling weights (they depend only on N, the number of resamples and the
-seed), so resample k of the effect is the effect computed on resample k of each run.
+seed), so resample k of the effect is the effect computed on resample k of each run. Beside it, the effect
+on the model's own next-token loss and accuracy by position (`behaviour.parquet`, posleak.intervene.behaviour).
 
 Every option is checked before the baseline runs (`checked_intervention`): a bad intervention refuses
 with nothing written, instead of failing after a finished baseline. The folder is a run folder of its
@@ -31,6 +32,7 @@ from posleak.analyze import (
 )
 from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
+from posleak.intervene.behaviour import behaviour_lines, behaviour_table
 from posleak.intervene.spec import Interventions
 from posleak.measure import measured_magnitudes, percentile_interval
 from posleak.models.load import LoadedModel
@@ -50,6 +52,7 @@ class InterventionRun:
     baseline: AnalysisResult
     intervened: AnalysisResult
     effect: pd.DataFrame
+    behaviour: pd.DataFrame  # next-token loss and accuracy by position bucket (posleak.intervene.behaviour)
 
 
 def intervene(
@@ -80,13 +83,17 @@ def intervene(
         )
         effect = effect_table(baseline, intervened)
         folder.write_table("effect", effect)
-        _report(folder, spec, config, baseline, intervened, effect)
-        return InterventionRun(baseline, intervened, effect)
+        behaviour = behaviour_table(
+            baseline, intervened, early=config.early, resamples=config.bootstrap, seed=config.seed
+        )
+        folder.write_table("behaviour", behaviour)
+        _report(folder, spec, config, baseline, intervened, effect, behaviour)
+        return InterventionRun(baseline, intervened, effect, behaviour)
 
 
 def _read(folder: RunFolder) -> InterventionRun:
     baseline, intervened = (AnalysisResult.read(RunFolder(folder.path / name)) for name in ("baseline", "intervened"))
-    return InterventionRun(baseline, intervened, folder.read_table("effect"))
+    return InterventionRun(baseline, intervened, folder.read_table("effect"), folder.read_table("behaviour"))
 
 
 def baseline_config(config: AnalyzeConfig) -> AnalyzeConfig:
@@ -204,6 +211,7 @@ def _report(
     baseline: AnalysisResult,
     intervened: AnalysisResult,
     effect: pd.DataFrame,
+    behaviour: pd.DataFrame,
 ) -> None:
     paths = [
         figures.lines_by_run(
@@ -233,5 +241,20 @@ def _report(
         figures=[FigureBlock(path) for path in paths],
         tables=[TableBlock("Effect per layer", effect, source="effect.parquet", max_rows=60)],
     )
-    render_report(folder, f"posleak intervene: {spec}", [section], manifest=manifest)
+    shift = baseline.manifest["data"]["seq_len"] - intervened.manifest["data"]["seq_len"]
+    aligned_note = (
+        " The intervened run is one token shorter (its BOS removed): predictions are compared token by token, "
+        "positions in the baseline's coordinates, and the BOS's own prediction (query 0) has no counterpart."
+        if shift
+        else ""
+    )
+    predictions = Section(
+        "Effect on the model's predictions",
+        "Next-token loss (nats) and top-1 accuracy of the model itself, by query position (query i predicts "
+        "token i + 1; buckets in docs/method.md §11), baseline → intervened on the same sequences, with paired "
+        f"95% bootstrap intervals over sequences.{aligned_note}\n\n" + "\n".join(behaviour_lines(behaviour)),
+        figures=[FigureBlock(figures.behaviour_figure(behaviour, folder.figure_path("behaviour")))],
+        tables=[TableBlock("Loss and accuracy by position", behaviour, source="behaviour.parquet")],
+    )
+    render_report(folder, f"posleak intervene: {spec}", [section, predictions], manifest=manifest)
     folder.finish(manifest)

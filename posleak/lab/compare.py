@@ -85,7 +85,9 @@ class LabRun:
             spec = replace(base, norm=variant)
         else:
             spec = base
-        return Trial(variant, spec, self.train, self.eval, overrides)
+        # trials of several tasks share one output folder: each trial is named by its task too
+        name = f"{self.train.task}/{variant}" if self.train.task is not None else variant
+        return Trial(name, spec, self.train, self.eval, overrides)
 
     def trials(self) -> list[Trial]:
         return [self.trial(variant) for variant in self.variants]

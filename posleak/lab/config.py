@@ -43,6 +43,11 @@ SIZES: dict[str, tuple[int, int, int, int]] = {
     "base": (256, 6, 8, 1024),
     "deep": (64, 8, 4, 256),  # the tiny width at 8 blocks: depth trends (posleak paper, C4's lab line)
 }
+# The synthetic tasks of posleak.lab.tasks, and the default comparison of a task run (posleak.lab.choices):
+# relative position, none, absolute. Here, so that the command line lists them without importing torch.
+TASK_NAMES: tuple[str, ...] = ("index", "count", "copy", "recall", "reverse")
+TASK_VARIANTS: tuple[str, ...] = ("rope", "nope", "learned")
+TASK_SEEDS: tuple[int, ...] = (0, 1, 2)
 # Sigmoid attention needs its logits centred well below 0 or every weight starts near 1/2 and the
 # output grows with the number of keys: b = −log n (Ramapuram et al., arXiv 2409.04431), n = 128 here.
 SIGMOID_BIAS_INIT = -math.log(128.0)

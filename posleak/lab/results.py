@@ -36,8 +36,10 @@ def write_results(
     title: str,
     intro: str,
     settings: Mapping[str, Any],
+    extra_sections: Sequence[Section] = (),
 ) -> Path:
-    """Write the tables, figures, report and manifest of `trials` (rows in `table`) into `root`."""
+    """Write the tables, figures, report and manifest of `trials` (rows in `table`) into `root`; `extra_sections`
+    follow the summary (task trials have accuracies instead of perplexities, and no perplexity section)."""
     run = RunFolder(root)
     trials = list(trials)
     per_layer = read_tables(root, trials, "per_layer")
@@ -52,9 +54,10 @@ def write_results(
             intro + "\n\n" + _summary_note(table),
             tables=[TableBlock("One row per trial", table, source=f"{table_name}.parquet")],
         ),
+        *extra_sections,
         _components_section(run, per_layer, names),
         _probe_section(run, probe, names),
-        _perplexity_section(run, table, trials),
+        *([_perplexity_section(run, table, trials)] if any(c.startswith("ppl_") for c in table.columns) else []),
         _training_section(run, metrics, names),
     ]
     manifest = {

@@ -17,7 +17,9 @@ eval:                       # optional EvalConfig fields
 ```
 
 Keys of `base` and `grid` are `LabSpec` fields (size, pe, attention, norm, bos, rope_base, rope_scaling,
-rotary_fraction) or `TrainConfig` fields (steps, seq_len, batch_size, lr, …); the seed comes from `seeds`.
+rotary_fraction) or `TrainConfig` fields (steps, seq_len, batch_size, lr, …, and `task`: a `posleak.lab.tasks`
+name, to train on that task's rows and score exact-match accuracy `acc_{m}x` instead of perplexity); the seed
+comes from `seeds`.
 
 Trials live under OUT/trials/<key> (see `posleak.lab.trial`), named by a hash of their configuration, so a
 finished trial is never rerun — not by a second invocation, nor by a larger sweep that contains it. The

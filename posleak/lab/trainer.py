@@ -35,7 +35,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -54,6 +54,7 @@ from posleak.data.corpus import Corpus, load_corpus, make_corpus
 from posleak.errors import BadInput, PosleakError
 from posleak.lab.config import LabConfig, LabSpec
 from posleak.lab.model import LabForCausalLM, build_lab_model, load_lab_model, quiet_transformers
+from posleak.lab.tasks import TASKS, TaskBatch, generate, length_problems, parse_tasks, task_tokenizer
 from posleak.lab.tokenizer import train_tokenizer
 from posleak.validate import out_folder_problems
 
@@ -83,6 +84,7 @@ class TrainConfig:
     corpus: str = "stdlib"
     vocab_size: int = 512
     val_fraction: float = 0.15  # of documents by hash; about 6% of the stdlib corpus's text
+    task: str | None = None  # a posleak.lab.tasks name: train on its rows instead of the corpus
 
     def __post_init__(self) -> None:
         problems = [
@@ -96,6 +98,14 @@ class TrainConfig:
             problems.append(f"lr {self.lr} must be positive")
         if not 0.0 < self.val_fraction < 1.0:
             problems.append(f"val_fraction {self.val_fraction} must lie strictly between 0 and 1")
+        if self.task is not None:
+            try:
+                (name,) = parse_tasks(self.task)
+            except (PosleakError, ValueError):
+                problems.append(f"unknown task {self.task}; use one of {', '.join(TASKS)}")
+            else:  # rows at 1× up to MAX_LENGTH_MULTIPLE × the training length are evaluated
+                longest = MAX_LENGTH_MULTIPLE * self.seq_len
+                problems += length_problems(name, self.seq_len) or length_problems(name, longest)
         if problems:
             raise BadInput(problems)
 
@@ -109,7 +119,10 @@ class TrainConfig:
         return low + 0.5 * (self.lr - low) * (1.0 + math.cos(math.pi * progress))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        values = asdict(self)
+        if values["task"] is None:
+            del values["task"]  # corpus runs keep the identity (and trial keys) they had before tasks existed
+        return values
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
@@ -147,6 +160,18 @@ def prepare_data(config: TrainConfig, tokenizer: PreTrainedTokenizerFast | None 
     return LabData(tokenizer=tokenizer or train_tokenizer(train, config.vocab_size), train=train, val=val)
 
 
+# random streams of task rows: training, validation, evaluation at each length, the probe's, the analysis's
+TASK_TRAIN, TASK_VAL, TASK_EVAL, TASK_PROBE, TASK_ANALYSIS = 0, 1, 2, 3, 4
+
+
+def task_rows(task: str, num_rows: int, length: int, bos: bool, seed: Sequence[int]) -> TaskBatch:
+    """Rows of `task` with `length` tokens; without a BOS, rows one token longer with their `<bos>` cut off."""
+    if bos:
+        return generate(task, num_rows, length, seed)
+    rows = generate(task, num_rows, length + 1, seed)
+    return TaskBatch(task, rows.ids[:, 1:].contiguous(), rows.answers[:, 1:].contiguous())
+
+
 def lab_sequences(data: LabData, split: str, seq_len: int, num_seqs: int | None, bos: bool, seed: int) -> TokenBatch:
     """Windows of one split (joined by <eos>), <bos> at position 0 when `bos`; all of them when num_seqs is None,
     else at most num_seqs (fewer when the split holds fewer)."""
@@ -178,14 +203,17 @@ def token_losses(model: LabForCausalLM, ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate_loss(model: LabForCausalLM, ids: torch.Tensor, batch_size: int = 16) -> float:
-    """Mean next-token cross-entropy (nats) over every counted target of `ids`."""
+def evaluate_loss(
+    model: LabForCausalLM, ids: torch.Tensor, batch_size: int = 16, targets: torch.Tensor | None = None
+) -> float:
+    """Mean next-token cross-entropy (nats) over every counted target of `ids` (`targets`, (N, T − 1) bool: a
+    task's answers; else all but a prefix's)."""
     was_training = model.training
     model.eval()
-    keep = loss_mask(model.config, ids.shape[1])
+    keep = loss_mask(model.config, ids.shape[1]).expand(ids.shape[0], -1) if targets is None else targets
     total, count = 0.0, 0
     for start in range(0, ids.shape[0], batch_size):
-        losses = token_losses(model, ids[start : start + batch_size])[:, keep]
+        losses = token_losses(model, ids[start : start + batch_size])[keep[start : start + batch_size]]
         total += float(losses.double().sum())
         count += losses.numel()
     model.train(was_training)
@@ -257,18 +285,22 @@ def _train(spec: LabSpec, config: TrainConfig, out: Path, until: int | None, pro
     finished = _finished_run(out, identity)
     if finished is not None:
         return finished
-    data = prepare_data(config)
-    tokenizer = data.tokenizer
+    data = prepare_data(config) if config.task is None else None
+    tokenizer = data.tokenizer if data is not None else task_tokenizer()
     model_config = spec.config(
         tokenizer.vocab_size, MAX_LENGTH_MULTIPLE * config.seq_len, tokenizer.bos_token_id, tokenizer.eos_token_id
     )
     model = build_lab_model(model_config, seed=config.seed).train()
     optimizer = _optimizer(model, config)
     state = _resume(out, identity, model, optimizer)
-    rows = lab_sequences(data, "train", config.seq_len, None, spec.bos, config.seed).ids
-    val_ids = lab_sequences(data, "val", config.seq_len, config.eval_seqs, spec.bos, config.seed).ids
-    keep = loss_mask(model_config, config.seq_len)
-    order = BatchOrder(rows.shape[0], config.batch_size, config.seed)
+    batches = _batches(config, spec, model_config, data)
+    if data is not None:
+        val_targets = None
+        val_ids = lab_sequences(data, "val", config.seq_len, config.eval_seqs, spec.bos, config.seed).ids
+    else:
+        assert config.task is not None
+        val = task_rows(config.task, config.eval_seqs, config.seq_len, spec.bos, (config.seed, TASK_VAL))
+        val_ids, val_targets = val.ids, val.answers
     stop = config.steps if until is None else min(until, config.steps)
     metrics: list[dict[str, float]] = state["metrics"]
     # the bar as a context: closed (its line ended) before an error is printed below it
@@ -277,7 +309,8 @@ def _train(spec: LabSpec, config: TrainConfig, out: Path, until: int | None, pro
             started = time.perf_counter()
             for group in optimizer.param_groups:
                 group["lr"] = config.lr_at(step)
-            loss = token_losses(model, rows[order.rows(step)])[:, keep].mean()
+            ids, keep = batches(step)
+            loss = token_losses(model, ids)[keep].mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -286,7 +319,9 @@ def _train(spec: LabSpec, config: TrainConfig, out: Path, until: int | None, pro
             train_loss = loss.item()
             done = step + 1
             val_loss = (
-                evaluate_loss(model, val_ids) if done % config.eval_every == 0 or done == config.steps else math.nan
+                evaluate_loss(model, val_ids, targets=val_targets)
+                if done % config.eval_every == 0 or done == config.steps
+                else math.nan
             )
             metrics.append({"step": done, "train_loss": train_loss, "val_loss": val_loss, "tokens_per_s": tokens_per_s})
             bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
@@ -298,6 +333,26 @@ def _train(spec: LabSpec, config: TrainConfig, out: Path, until: int | None, pro
         return TrainResult(out=out, metrics=frame, finished=False, step=stop)
     _save_final(out, identity, model, tokenizer, frame, data)
     return TrainResult(out=out, metrics=frame, finished=True, step=config.steps)
+
+
+def _batches(
+    config: TrainConfig, spec: LabSpec, model_config: LabConfig, data: LabData | None
+) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
+    """The rows of step s and which of their targets count, a pure function of (seed, s): corpus windows in
+    a seeded order, or a task's rows drawn from the stream (seed, TASK_TRAIN, s)."""
+    if data is None:
+        assert config.task is not None
+        task = config.task
+
+        def task_step(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+            rows = task_rows(task, config.batch_size, config.seq_len, spec.bos, (config.seed, TASK_TRAIN, step))
+            return rows.ids, rows.answers
+
+        return task_step
+    rows = lab_sequences(data, "train", config.seq_len, None, spec.bos, config.seed).ids
+    keep = loss_mask(model_config, config.seq_len).expand(config.batch_size, -1)
+    order = BatchOrder(rows.shape[0], config.batch_size, config.seed)
+    return lambda step: (rows[order.rows(step)], keep)
 
 
 def _optimizer(model: LabForCausalLM, config: TrainConfig) -> torch.optim.AdamW:
@@ -381,7 +436,7 @@ def _save_final(
     model: LabForCausalLM,
     tokenizer: PreTrainedTokenizerFast,
     metrics: pd.DataFrame,
-    data: LabData,
+    data: LabData | None,
 ) -> None:
     """Model, tokenizer and metrics first, `train.json` last: a folder with train.json is complete."""
     tmp = out / ".final.tmp"
@@ -396,7 +451,7 @@ def _save_final(
     record = {
         **identity,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "corpus": {"train": data.train.provenance(), "val": data.val.provenance()},
+        "corpus": {"train": data.train.provenance(), "val": data.val.provenance()} if data is not None else None,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "final_train_loss": float(metrics["train_loss"].iloc[-1]),

@@ -34,18 +34,26 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from transformers import AutoTokenizer
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from posleak.analyze import AnalyzeConfig, analyze_model
+from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
 from posleak.lab.config import LabSpec
 from posleak.lab.model import LabForCausalLM, load_lab_model
+from posleak.lab.tasks import TASKS, TaskBatch, solved, task_tokenizer
+from posleak.lab.tasks.vocab import BOS
 from posleak.lab.trainer import (
+    TASK_ANALYSIS,
+    TASK_EVAL,
+    TASK_PROBE,
     LabData,
     TrainConfig,
     evaluate_loss,
     lab_sequences,
     prepare_data,
+    task_rows,
     torch_threads,
     train,
 )
@@ -65,12 +73,13 @@ class EvalConfig:
     batch_size: int = 8
     grid: str = "coarse"
     bootstrap: int = 100
+    task_seqs: int = 200  # rows of a task scored at each length (exact match)
 
     def __post_init__(self) -> None:
         if not self.length_multiples or min(self.length_multiples) < 1:
             raise PosleakError(f"length multiples {self.length_multiples} must be positive integers")
-        if self.probe_seqs < 8 or self.analyze_seqs < 2:
-            raise PosleakError("use at least 8 probe sequences and 2 analysis sequences")
+        if self.probe_seqs < 8 or self.analyze_seqs < 2 or self.task_seqs < 1:
+            raise PosleakError("use at least 8 probe sequences, 2 analysis sequences and 1 task row")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EvalConfig:
@@ -99,11 +108,14 @@ class Trial:
 
     @property
     def key(self) -> str:
+        evaluation = asdict(self.eval)
+        if self.train.task is None:
+            del evaluation["task_seqs"]  # corpus trials keep the keys they had before tasks existed
         return _key(
             {
                 "spec": self.spec.to_dict(),
                 "train": self.train.to_dict(),
-                "eval": asdict(self.eval),
+                "eval": evaluation,
                 "overrides": [list(item) for item in self.overrides],
             }
         )
@@ -144,18 +156,24 @@ def _run(trial: Trial, root: Path, progress: bool) -> dict[str, Any]:
         result = train(trial.spec, trial.train, model_dir, progress=progress, threads=None)
     train_s = time.perf_counter() - clock
     model = load_lab_model(str(model_dir), **dict(trial.overrides))
-    data = prepare_data(trial.train, AutoTokenizer.from_pretrained(str(model_dir)))
     folder = trial_folder(root, trial)
     folder.mkdir(parents=True, exist_ok=True)
+    if trial.train.task is None:
+        values = measure(
+            model, prepare_data(trial.train, AutoTokenizer.from_pretrained(str(model_dir))), trial, folder, progress
+        )
+    else:
+        values = measure_task(model, trial, folder, progress)
     row = {
         "trial": trial.key,
         "name": trial.name,
         "seed": trial.train.seed,
+        **({"task": trial.train.task} if trial.train.task is not None else {}),
         **trial.spec.to_dict(),
         "eval_overrides": json.dumps(dict(trial.overrides), sort_keys=True) if trial.overrides else "",
         "final_train_loss": float(result.metrics["train_loss"].iloc[-1]),
         "final_val_loss": float(result.metrics["val_loss"].dropna().iloc[-1]),
-        **measure(model, data, trial, folder, progress),
+        **values,
         "train_s": round(train_s, 2),
         "eval_s": round(time.perf_counter() - clock - train_s, 2),
     }
@@ -172,6 +190,64 @@ def measure(model: LabForCausalLM, data: LabData, trial: Trial, folder: Path, pr
         ids = lab_sequences(data, "val", multiple * config.seq_len, None, spec.bos, config.seed).ids
         values[f"ppl_{multiple}x"] = math.exp(evaluate_loss(model, ids, ev.batch_size))
     probe_ids = lab_sequences(data, "val", config.seq_len, ev.probe_seqs, spec.bos, config.seed).ids
+    batch = lab_sequences(data, "val", config.seq_len, ev.analyze_seqs, spec.bos, config.seed)
+    values |= _position_measures(model, probe_ids, batch, trial, folder, data.tokenizer, config.corpus, progress)
+    return values
+
+
+def measure_task(model: LabForCausalLM, trial: Trial, folder: Path, progress: bool) -> dict[str, float]:
+    """A task model: exact-match accuracy of `task_seqs` fresh rows at each multiple of the training length
+    (`acc_{m}x`, with the analytic chance level `chance_{m}x` where the task has one, else NaN), then the probe and
+    the decomposition on rows of the training length. Evaluation rows come from their own random stream."""
+    spec, config, ev = trial.spec, trial.train, trial.eval
+    task = config.task
+    assert task is not None
+    values: dict[str, float] = {}
+    for multiple in ev.length_multiples:
+        length = multiple * config.seq_len
+        rows = task_rows(task, ev.task_seqs, length, spec.bos, (config.seed, TASK_EVAL, multiple))
+        values[f"acc_{multiple}x"] = float(task_solved(model, rows, ev.batch_size).double().mean())
+        chance = TASKS[task].chance(length + (not spec.bos))
+        values[f"chance_{multiple}x"] = math.nan if chance is None else chance
+    probe_ids = task_rows(task, ev.probe_seqs, config.seq_len, spec.bos, (config.seed, TASK_PROBE)).ids
+    rows = task_rows(task, ev.analyze_seqs, config.seq_len, spec.bos, (config.seed, TASK_ANALYSIS)).ids
+    batch = TokenBatch(
+        rows,
+        "on" if spec.bos else "off",
+        BOS if spec.bos else None,
+        rows[:, 0].clone(),
+        source=f"task:{task}",
+        source_name=f"task:{task}",
+        seed=config.seed,
+    )
+    values |= _position_measures(model, probe_ids, batch, trial, folder, task_tokenizer(), f"task:{task}", progress)
+    return values
+
+
+@torch.no_grad()
+def task_solved(model: LabForCausalLM, rows: TaskBatch, batch_size: int) -> torch.Tensor:
+    """(N,) bool: rows whose every answer the model predicts top-1, with the row as its prefix."""
+    model.eval()
+    predictions = [
+        model(input_ids=rows.ids[start : start + batch_size]).logits[:, :-1].argmax(-1)
+        for start in range(0, rows.ids.shape[0], batch_size)
+    ]
+    return solved(torch.cat(predictions), rows)
+
+
+def _position_measures(
+    model: LabForCausalLM,
+    probe_ids: torch.Tensor,
+    batch: TokenBatch,
+    trial: Trial,
+    folder: Path,
+    tokenizer: PreTrainedTokenizerBase,
+    corpus: str,
+    progress: bool,
+) -> dict[str, float]:
+    """The position probe on `probe_ids` and the decomposition of `batch`; tables go to `folder`."""
+    spec, config, ev = trial.spec, trial.train, trial.eval
+    values: dict[str, float] = {}
     probe = probe_positions(model, probe_ids, ProbeConfig(seed=config.seed, batch_size=ev.batch_size))
     probe.to_parquet(folder / "probe.parquet", index=False)
     values["probe_r2_best"] = best_r2(probe, "log1p")
@@ -181,7 +257,6 @@ def measure(model: LabForCausalLM, data: LabData, trial: Trial, folder: Path, pr
         # bidirectional prefix has pairs j > i, so prefix models get no decomposition.
         values["mask_all"] = values["resid_all"] = math.nan
         return values
-    batch = lab_sequences(data, "val", config.seq_len, ev.analyze_seqs, spec.bos, config.seed)
     analysis = analyze_model(
         model,
         batch,
@@ -190,7 +265,7 @@ def measure(model: LabForCausalLM, data: LabData, trial: Trial, folder: Path, pr
             num_seqs=batch.num_seqs,
             batch_size=ev.batch_size,
             bos="on" if spec.bos else "off",
-            corpus=config.corpus,
+            corpus=corpus,
             cross_documents=True,
             grid=ev.grid,
             seed=config.seed,
@@ -198,7 +273,7 @@ def measure(model: LabForCausalLM, data: LabData, trial: Trial, folder: Path, pr
         ),
         out=folder / "analysis",
         model_id=f"lab:{trial.name}",
-        tokenizer=data.tokenizer,
+        tokenizer=tokenizer,
         progress=progress,
     )
     per_layer = analysis.per_layer

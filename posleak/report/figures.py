@@ -251,3 +251,30 @@ def lines_by_run(
     ax.grid(alpha=0.3)
     ax.legend(frameon=False)
     return _save(fig, path)
+
+
+def behaviour_figure(behaviour: pd.DataFrame, path: Path) -> Path:
+    """Next-token loss and top-1 accuracy by position bucket, baseline beside intervened, with their bootstrap
+    intervals as error bars (the `behaviour` table of `posleak intervene`)."""
+    columns = ["bucket", "measure", "baseline", "baseline_lo", "baseline_hi", "intervened", "intervened_lo"]
+    _require(behaviour, [*columns, "intervened_hi"], "behaviour")
+    names = list(dict.fromkeys(behaviour["bucket"]))
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    axes = fig.subplots(1, 2)
+    x = np.arange(len(names))
+    for ax, measure, ylabel in zip(
+        axes, ("loss", "accuracy"), ("next-token loss (nats)", "top-1 accuracy"), strict=True
+    ):
+        rows = behaviour[behaviour["measure"] == measure].set_index("bucket").loc[names]
+        for offset, run, color in ((-0.18, "baseline", MASK_COLOR), (0.18, "intervened", RESID_COLOR)):
+            value = rows[run].to_numpy()
+            # an interval missing (no resamples) draws no bar; a NaN yerr would hide the point
+            error = np.nan_to_num(np.abs(np.stack([value - rows[f"{run}_lo"], rows[f"{run}_hi"] - value])))
+            ax.errorbar(x + offset, value, yerr=error, fmt="o", color=color, capsize=3, label=run)
+        ax.set_xticks(x, labels=names)
+        ax.set_xlabel("query positions (bucket)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(frameon=False)
+    fig.suptitle("The model's own predictions with and without the intervention")
+    return _save(fig, path)
