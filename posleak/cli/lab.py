@@ -46,8 +46,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "intervals are over seeds)",
     )
     _add_training_options(lab_parser)
-    # unset training options take TrainConfig's defaults for the corpus, TASK_TRAIN's for tasks
-    lab_parser.set_defaults(**{f.name: None for f in fields(TrainConfig) if f.name != "task"})
     _add_backend_options(lab_parser)
     lab_parser.add_argument("--out", required=True, help="output folder (rerun to resume; finished variants stay)")
     lab_parser.set_defaults(handler=_lab)
@@ -75,7 +73,8 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_training_options(parser: argparse.ArgumentParser) -> None:
-    unset = argparse.SUPPRESS
+    # unset options stay None: they take TrainConfig's defaults for the corpus, TASK_TRAIN's for tasks
+    unset = None
     group = parser.add_argument_group("training")
     group.add_argument("--steps", type=int, default=unset)
     group.add_argument("--seq-len", type=int, default=unset, help="training length T")
