@@ -1,6 +1,6 @@
 """posleak: where does the absolute-position information in a decoder's attention come from?
 
-The package follows the data flow of DESIGN.md §2:
+The package follows the data flow of an analysis:
 models → data → capture → measure → intervene → lab → report → cli.
 """
 

@@ -1,4 +1,4 @@
-"""`posleak compare`: the architecture comparison of DESIGN.md §3.5 over finished run folders.
+"""`posleak compare`: the architecture comparison (docs/method.md §10) over finished run folders.
 
 For each run: per-layer magnitudes of both components against depth, the slope (per layer, by least
 squares) and Spearman ρ of the residual-stream magnitude against layer index (C4's "accumulates with

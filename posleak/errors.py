@@ -1,4 +1,4 @@
-"""The exception types that reach users as one line per problem (DESIGN.md §7)."""
+"""The exception types that reach users as one line per problem (every problem reported at once, nothing written)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One validation step before any work (DESIGN.md §7): collect every problem, then refuse them all at once.
+"""One validation step before any work: collect every problem, then refuse them all at once.
 
 Each command checks its options against each other, against the model's facts and against its output
 folder before it runs a forward pass or writes a file, and reports what it found as one `BadInput`

@@ -251,6 +251,13 @@ def test_report_is_self_contained(rendered: RunFolder) -> None:
         assert base64.b64decode(match.group(1)).startswith(b"\x89PNG\r\n\x1a\n")
 
 
+def test_report_links_the_method_copied_beside_it(rendered: RunFolder) -> None:
+    """Every number a report shows is defined in docs/method.md; the report links to a copy in its folder."""
+    assert '<a href="method.md">method.md</a>' in rendered.report_path.read_text()
+    project = Path(__file__).resolve().parent.parent
+    assert (rendered.path / "method.md").read_bytes() == (project / "docs" / "method.md").read_bytes()
+
+
 def test_report_holds_tables_verdicts_and_provenance(rendered: RunFolder) -> None:
     html = rendered.report_path.read_text()
     assert html.count("<table") == 2

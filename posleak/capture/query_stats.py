@@ -1,7 +1,7 @@
 """The first streaming accumulator: per layer, head and query, log Z_i, a_{i,0} and row entropy.
 
 Each is summed over sequences (float64) so the result is the mean over the N sequences; the sink
-score of DESIGN.md §3.2 is also kept per sequence, for bootstrap intervals over sequences.
+score of docs/method.md §7 is also kept per sequence, for bootstrap intervals over sequences.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Residual-stream capture with forward hooks, and the closed-system check of DESIGN.md §3.3.
+"""Residual-stream capture with forward hooks, and the closed-system check of docs/method.md §8.
 
 Naming: resid[0] is the embedding module's output (after any scale the model applies inside it,
 as Gemma's √d_model), resid[l] for l ≥ 1 is the output of decoder block l − 1, before the final
-norm. These are the hidden states h^(l) of DESIGN.md; L blocks give L + 1 entries.
+norm. These are the hidden states h^(l) of docs/method.md; L blocks give L + 1 entries.
 """
 
 from __future__ import annotations

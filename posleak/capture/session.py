@@ -92,7 +92,7 @@ class Accumulator(Protocol):
 
 @dataclass
 class AttentionEdits:
-    """Declared changes to what attention computes (DESIGN.md §3.4), applied in every layer.
+    """Declared changes to what attention computes (docs/method.md §9), applied in every layer.
 
     window: None keeps the model's windows, an int gives every layer that window, "global" removes them.
     ablate_key0: layer → heads whose value vector at key 0, as read by queries i ≥ 1, is replaced

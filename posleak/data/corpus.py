@@ -1,4 +1,4 @@
-"""Corpora: named, fingerprinted sequences of documents, chosen by a spec string (DESIGN.md §5).
+"""Corpora: named, fingerprinted sequences of documents, chosen by a spec string.
 
 Specs:
 

@@ -1,4 +1,4 @@
-"""Nulls of DESIGN.md §5: the same tokens with their order broken, to show what order contributes.
+"""Nulls: the same tokens with their order broken, to show what order contributes.
 
 - ``shift``: each row rolled circularly by its own seeded offset (1 … L−1, so every row moves);
   local order survives except at the seam, the absolute placement of every token changes.

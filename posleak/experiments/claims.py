@@ -9,7 +9,7 @@ replacement of the BOS does what the paper reports, uses "any supports" and "all
 
 `posleak paper` judges every claim on two disjoint samples of sequences (A and B) and calls a claim
 consistent, or not consistent, only where both samples agree (`replicated`); a disagreement is
-inconclusive. Numbers of the report: docs/method.md §6.
+inconclusive (docs/method.md §13).
 """
 
 from __future__ import annotations
@@ -340,15 +340,15 @@ STATEMENTS = {
     "inputs with an auto-prepended BOS, varying with the token otherwise.",
 }
 METHODS = {
-    "C1": "The decomposition of each model's log-attention into g, m and r (docs/method.md §3); the magnitudes "
-    "averaged over layers.",
-    "C2": "m(i) = −logsumexp over the offsets the mask admits of the relative part g(d) (docs/method.md §3).",
+    "C1": "The decomposition of each model's log-attention into g, m and r (docs/method.md §2–3); the "
+    "magnitudes averaged over layers.",
+    "C2": "m(i) = −logsumexp over the offsets the mask admits of the relative part g(d) (docs/method.md §2).",
     "C3": "h_0^(l) compared across inputs sharing the token at position 0, in every run; the value at key 0 of every "
     "sink head of smollm2-135m zeroed for queries i ≥ 1 in one run, of as many random non-sink heads in each "
-    "control run, and position 0's trajectory replaced by that of another token in a third (docs/method.md §5).",
+    "control run, and position 0's trajectory replaced by that of another token in a third (docs/method.md §9, §13).",
     "C4": "Slopes of the residual-stream magnitude against relative depth with bootstrap intervals, between the "
-    "pretrained models and in a lab decoder trained three ways (docs/method.md §6).",
+    "pretrained models and in a lab decoder trained three ways (docs/method.md §6, §13).",
     "C5": "The embedding output at position 0 of gemma3-270m replaced by the vocabulary mean, a random vector of "
-    "the same norm, or zeros, before the forward pass; same sequences as the baseline (docs/method.md §5).",
-    "C6": "Mean pairwise cosine similarity of h_0^(l) across inputs, per residual index l (docs/method.md §4).",
+    "the same norm, or zeros, before the forward pass; same sequences as the baseline (docs/method.md §9).",
+    "C6": "Mean pairwise cosine similarity of h_0^(l) across inputs, per residual index l (docs/method.md §8).",
 }

@@ -96,20 +96,19 @@ QUICK = Plan(
 )
 FULL = Plan(
     name="full",
-    seq_len=1024,
-    num_seqs=24,
-    gemma_seq_len=1536,
-    gemma_num_seqs=8,
-    qwen_num_seqs=8,
+    seq_len=512,
+    num_seqs=12,
+    gemma_seq_len=768,
+    gemma_num_seqs=6,
+    qwen_num_seqs=6,
     ntk_factors=(2.0, 4.0, 16.0),
-    control_draws=4,
-    fingerprint_seqs=32,
-    bootstrap=1000,
-    lab_steps=1200,
+    control_draws=3,
+    fingerprint_seqs=24,
+    bootstrap=500,
+    lab_steps=600,
     lab_seq_len=128,
     lab_seeds=(0, 1, 2),
     lab_analyze_seqs=32,
-    cross_documents=True,  # the stdlib corpus holds few single documents of 1024+ tokens
 )
 
 

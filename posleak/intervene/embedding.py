@@ -1,4 +1,4 @@
-"""BOS embedding replacement (DESIGN.md §3.4): position 0's input vector swapped before the forward.
+"""BOS embedding replacement (docs/method.md §9): position 0's input vector swapped before the forward.
 
 Vectors live where the embedding module's output lives, after any scale the model applies inside
 it (Gemma multiplies by √d_model there), because the replacement is made on that output by a

@@ -1,4 +1,4 @@
-"""Position-0 patching (DESIGN.md §3.4): h_0^(l) taken from another input at chosen layers.
+"""Position-0 patching (docs/method.md §9): h_0^(l) taken from another input at chosen layers.
 
 Position 0 is a closed system (it attends only to itself), so its whole trajectory h_0^(0..L) is a
 function of the token there alone: the source trajectory is computed from that one token. A patch

@@ -1,4 +1,4 @@
-"""RoPE scaling applied at load time (DESIGN.md §3.4), as a new `rope_parameters` for the config.
+"""RoPE scaling applied at load time (docs/method.md §9), as a new `rope_parameters` for the config.
 
 Specs: `ntk:K` (NTK-aware base scaling θ' = θ·K^(D/(D−2)), D the rotary dimension; the kernel is
 unchanged, only the base moves), `linear:K` (position interpolation), `dynamic:K` (dynamic NTK:

@@ -1,4 +1,4 @@
-"""The interventions of one run (DESIGN.md §3.4): declared, recorded, and applied in one place.
+"""The interventions of one run (docs/method.md §9): declared, recorded, and applied in one place.
 
 Each field is the command-line string of one option; `describe()` is what the manifest records and
 `problems(model, bos_at_0)` what is wrong with them, checked before any forward pass. Where each acts:

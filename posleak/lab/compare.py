@@ -16,7 +16,7 @@ factor from the RoPE baseline:
 | sigmoid | RoPE | causal | sigmoid |
 
 NTK scaling is applied at evaluation to the weights of the `rope` variant (θ' = θ·K^(D/(D−2))), the way it is
-used in practice — to stretch a trained model's context — and the way DESIGN.md §3.4 applies it to
+used in practice — to stretch a trained model's context — and the way docs/method.md §9 applies it to
 pretrained models; the factor K = 4 matches the longest evaluation length. Training with a larger base
 instead is a `posleak train --rope-scaling ntk:K` (or `--rope-base`) run, which a sweep can compare.
 

@@ -4,7 +4,7 @@
 subclasses transformers' `PretrainedConfig`, which imports torch); it is importable from here too. This
 module imports neither, so that the command line can offer these choices instantly.
 
-A lab model varies one factor at a time (DESIGN.md §4):
+A lab model varies one factor at a time (docs/method.md §10):
 
 - position encoding `pe`: ``rope`` (base `rope_base`, scaling ``none`` / ``ntk:K`` / ``linear:K``, the
   rotated share of each head `rotary_fraction`), ``nope``, ``alibi``, ``learned`` (absolute, a table of

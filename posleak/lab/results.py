@@ -77,7 +77,7 @@ def _summary_note(table: pd.DataFrame) -> str:
     return (
         "Perplexities are on the validation documents at each multiple of the training length; "
         "`probe_r2_best` is the best held-out R² over layers of the ridge probe to log(1 + i); "
-        "`mask_all` / `resid_all` are the causal-mask and residual-stream magnitudes (DESIGN.md §3.1, all "
+        "`mask_all` / `resid_all` are the causal-mask and residual-stream magnitudes (docs/method.md §3, all "
         "queries), averaged over heads and layers. For sigmoid normalisation log Z := 0, so m ≡ 0."
     )
 

@@ -253,7 +253,7 @@ def _position_measures(
     values["probe_r2_best"] = best_r2(probe, "log1p")
     values["probe_r2_best_linear"] = best_r2(probe, "linear")
     if model.config.prefix_length:
-        # DESIGN.md §3.1 defines the decomposition over causal (optionally windowed) pairs j ≤ i; a
+        # docs/method.md §2 defines the decomposition over causal (optionally windowed) pairs j ≤ i; a
         # bidirectional prefix has pairs j > i, so prefix models get no decomposition.
         values["mask_all"] = values["resid_all"] = math.nan
         return values

@@ -1,4 +1,4 @@
-"""Position 0 measures (DESIGN.md §3.3): fingerprint constancy of h_0 across inputs.
+"""Position 0 measures (docs/method.md §8): fingerprint constancy of h_0 across inputs.
 
 The closed-system check itself lives with the residual capture (`posleak.capture.residual`), since
 every run makes it.

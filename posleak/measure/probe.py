@@ -1,4 +1,4 @@
-"""The position probe of DESIGN.md §3.2 (Haviv et al., arXiv 2203.16634): how linearly h_i^(l) encodes i.
+"""The position probe of docs/method.md §7 (Haviv et al., arXiv 2203.16634): how linearly h_i^(l) encodes i.
 
 Per layer, a ridge regression from the hidden state h_i^(l) (`ResidualCapture`'s resid[l]: resid[0]
 the embedding module's output, resid[l] the output of block l − 1) to log(1 + i) and to i.

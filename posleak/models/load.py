@@ -4,7 +4,7 @@ Every path ends the same way: an eval-mode transformers model in the placement's
 spread over several by `--device-map auto`) switched to posleak's attention function, its tokenizer, the
 hash of its weights, and its `ModelFacts`.
 Weights load from safetensors or GGUF only, never from pickles, and a checkpoint's own Python code
-runs only with `trust_remote_code=True` (DESIGN.md §7).
+runs only with `trust_remote_code=True`.
 """
 
 from __future__ import annotations

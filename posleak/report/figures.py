@@ -1,4 +1,4 @@
-"""Figures of a run, drawn from its tables (DESIGN.md §3) and written as PNGs.
+"""Figures of a run, drawn from its tables (docs/method.md) and written as PNGs.
 
 Each function takes DataFrames a run stores (`per_layer`, `profiles`, `offset_map`; the columns it needs are
 checked) and a target path, and returns that path once the PNG is in place. Figures are

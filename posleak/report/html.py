@@ -24,6 +24,9 @@ from posleak.report.runfolder import RunFolder, atomic_write
 
 Verdict = Literal["consistent", "not consistent", "inconclusive"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# docs/method.md, shipped inside the package (posleak/method.md links to it in the source tree)
+METHOD = Path(__file__).resolve().parent.parent / "method.md"
+METHOD_FILE = "method.md"
 
 
 @dataclass(frozen=True)
@@ -235,7 +238,9 @@ def render_report(
 </head>
 <body>
 <main>
-<header><h1>{escape(title)}</h1><p class="meta">{_meta_line(manifest)}</p></header>
+<header><h1>{escape(title)}</h1><p class="meta">{_meta_line(manifest)}</p>
+<p class="meta">Every number is defined in <a href="{METHOD_FILE}">{METHOD_FILE}</a>, posleak's method, copied
+beside this report.</p></header>
 <nav><strong>Contents</strong><ol>{toc}<li><a href="#provenance">Provenance</a></li></ol></nav>
 {"".join(_section(index, section) for index, section in enumerate(sections, 1))}
 <section id="provenance"><h2>Provenance</h2>
@@ -248,4 +253,6 @@ the tables are in the run folder as Parquet.</footer>
 </body>
 </html>
 """
+    method = METHOD.read_bytes()
+    atomic_write(run.path / METHOD_FILE, lambda file: file.write(method))
     return atomic_write(run.report_path, lambda file: file.write(html.encode("utf-8")))

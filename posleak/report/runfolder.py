@@ -1,4 +1,4 @@
-"""Run folders: the on-disk form of every posleak result (DESIGN.md §2, §6, §7).
+"""Run folders: the on-disk form of every posleak result.
 
 A run folder holds Parquet tables (`NAME.parquet`), `manifest.json` (provenance), `figures/*.png` and
 `report.html`. Every file is written atomically (a temp file in the same folder, then `os.replace`), so a
@@ -415,7 +415,7 @@ def provenance(
     interventions: Sequence[Mapping[str, Any]],
     timings: Mapping[str, float],
 ) -> dict[str, Any]:
-    """Everything DESIGN.md §2 asks a result to record, plus versions and the time it was made.
+    """Everything a result records to be reproduced, plus versions and the time it was made.
 
     `model_hash` is the SHA-256 of the checkpoint file (None for a lab model trained in-process);
     `interventions` is empty for a baseline run; `timings` are seconds per stage.
