@@ -309,11 +309,14 @@ def test_bootstrap_equals_recomputing_each_resample_from_scratch(family: str, tm
                 expected[name].append(ref.magnitudes[name])
                 allowance[name] = max(allowance.get(name, 0.0), magnitude_allowance(name, ref))
         for name in MAGNITUDES:
-            assert relative_error(ours[name].numpy(), np.stack(expected[name]), allowance[name]) < 1e-5, name
+            # 1e-6, except past the window: there r is small against the logits whose products the expansion of
+            # components.py subtracts, and float64 keeps fewer of its digits (1.05e-6 on tiny gpt-oss)
+            tolerance = 1e-5 if "beyond" in name else 1e-6
+            assert relative_error(ours[name].numpy(), np.stack(expected[name]), allowance[name]) < tolerance, name
             lo, hi = percentile_interval(ours[name].mean(-1))
             ref_means = np.stack(expected[name]).mean(-1)
             finite = ref_means[np.isfinite(ref_means)]
-            np.testing.assert_allclose([lo, hi], np.quantile(finite, [0.025, 0.975]), rtol=1e-5, atol=allowance[name])
+            np.testing.assert_allclose([lo, hi], np.quantile(finite, [0.025, 0.975]), rtol=tolerance, atol=allowance[name])
 
 
 def test_bootstrap_collapses_on_identical_sequences() -> None:
