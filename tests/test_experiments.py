@@ -30,7 +30,7 @@ from posleak.experiments.claims import (
     replicated,
 )
 from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, percent_change
-from posleak.experiments.paper import control_heads, head_list, sink_heads
+from posleak.experiments.paper import QUICK, Reproduction, control_heads, head_list, lab_runs, sink_heads
 from posleak.intervene import Interventions
 from posleak.models.load import LoadedModel
 
@@ -368,6 +368,34 @@ def test_claim_c6_verdicts(fingerprints: dict[str, pd.DataFrame], verdict: str) 
     assert judgement.verdict == verdict
     rows = judgement.evidence.set_index("evidence")
     assert rows.loc["a: least cosine with BOS", "value"] == fingerprints["a"]["fingerprint_cos_bos"].min()
+
+
+@pytest.mark.slow
+def test_the_lab_line_of_c4_trains_one_decoder_three_ways_at_tiny_size(tmp_path: Path) -> None:
+    """C4's controlled line at tiny size: the 8-layer lab decoder trained with full causal RoPE, a sliding window of
+    T/4 and an NTK-scaled base, 2 seeds each, every model analysed; the slopes the criterion judges equal numpy's
+    least squares on each run's own per-layer table; the criterion runs on them."""
+    plan = replace(QUICK, lab_steps=8, lab_seq_len=16, lab_analyze_seqs=4, bootstrap=20, ntk_factors=(16.0,))
+    lab = lab_runs(Reproduction(tmp_path / "paper", plan, progress=False))
+    assert {variant: len(runs) for variant, runs in lab.runs.items()} == {"rope": 2, "window": 2, "ntk": 2}
+    for variant, runs in lab.runs.items():
+        for run in runs:
+            per_layer = run.per_layer.sort_values("layer")
+            assert len(per_layer) == 8
+            assert run.manifest["measurement"]["beyond"] == (4 if variant == "window" else None)
+            expected = np.polyfit(np.linspace(0, 1, 8), per_layer["resid_all"], 1)[0]
+            assert depth_slope(run, "resid_all").value == pytest.approx(expected)
+    models = (tmp_path / "paper" / "lab" / "models").glob("*/config.json")
+    configs = [json.loads(path.read_text()) for path in models]
+    built = sorted(
+        (c["num_hidden_layers"], c["rope_scale_kind"], c["rope_factor"], c["sliding_window"] or 0) for c in configs
+    )
+    assert built == [(8, "none", 1.0, 0)] * 2 + [(8, "none", 1.0, 4)] * 2 + [(8, "ntk", 16.0, 0)] * 2
+    judgement = claim_c4(_estimate(-8.0, 1.0), SLOPES, lab)
+    assert judgement.verdict in VERDICTS
+    assert {"(3) lab slope: window − rope", "(4) lab: NTK base against standard, resid_all"} <= set(
+        judgement.evidence["evidence"]
+    )
 
 
 # ------------------------------------------------------------------------- sink heads of a model built with them

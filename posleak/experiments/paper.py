@@ -287,8 +287,21 @@ def lab_runs(repro: Reproduction) -> LabRuns:
     evaluation = EvalConfig(
         length_multiples=(1,), probe_seqs=8, analyze_seqs=plan.lab_analyze_seqs, bootstrap=plan.bootstrap
     )
+    steps = plan.lab_steps
     trials = [
-        Trial(variant, spec, TrainConfig(steps=plan.lab_steps, seq_len=plan.lab_seq_len, seed=seed), evaluation)
+        Trial(
+            variant,
+            spec,
+            TrainConfig(
+                steps=steps,
+                seq_len=plan.lab_seq_len,
+                seed=seed,
+                warmup_steps=max(1, steps // 10),
+                eval_every=max(1, steps // 4),
+                checkpoint_every=max(1, steps // 2),
+            ),
+            evaluation,
+        )
         for variant, spec in specs.items()
         for seed in plan.lab_seeds
     ]
