@@ -296,9 +296,10 @@ def lab_runs(repro: Reproduction) -> LabRuns:
                 steps=steps,
                 seq_len=plan.lab_seq_len,
                 seed=seed,
-                warmup_steps=max(1, steps // 10),
-                eval_every=max(1, steps // 4),
-                checkpoint_every=max(1, steps // 2),
+                # TrainConfig's schedule (50, 100, 200), shortened for fewer steps
+                warmup_steps=min(50, max(1, steps // 10)),
+                eval_every=min(100, max(1, steps // 4)),
+                checkpoint_every=min(200, max(1, steps // 2)),
             ),
             evaluation,
         )
