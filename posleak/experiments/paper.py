@@ -297,9 +297,9 @@ def lab_runs(repro: Reproduction) -> LabRuns:
                 seq_len=plan.lab_seq_len,
                 seed=seed,
                 # TrainConfig's schedule (50, 100, 200), shortened for fewer steps
-                warmup_steps=min(50, max(1, steps // 10)),
-                eval_every=min(100, max(1, steps // 4)),
-                checkpoint_every=min(200, max(1, steps // 2)),
+                warmup_steps=min(50, max(1, steps // 4)),
+                eval_every=min(100, max(1, steps // 3)),
+                checkpoint_every=min(200, max(1, 2 * steps // 3)),
             ),
             evaluation,
         )
