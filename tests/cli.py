@@ -12,11 +12,11 @@ from pathlib import Path
 ERROR = "posleak: error: "
 
 
-def run_cli(*args: str, cache: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, cache: Path | None = None, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
     """`posleak ARGS` in a fresh interpreter (POSLEAK_CACHE set to `cache` when given)."""
     env = {**os.environ, **({"POSLEAK_CACHE": str(cache)} if cache is not None else {})}
     return subprocess.run(
-        [sys.executable, "-m", "posleak", *args], capture_output=True, text=True, env=env, timeout=600
+        [sys.executable, "-m", "posleak", *args], capture_output=True, text=True, env=env, timeout=timeout_s
     )
 
 

@@ -35,6 +35,7 @@ from posleak.intervene import Interventions
 from posleak.models.load import LoadedModel
 
 CLAIMS = ["C1", "C2", "C3", "C4", "C5", "C6"]
+QUICK_BUDGET_S = 25 * 60  # --quick is sized for 15 minutes on 2 cores; CI's machine may be shared
 VERDICTS = {"consistent", "not consistent", "inconclusive"}
 
 
@@ -43,7 +44,7 @@ def paper(tmp_path_factory: pytest.TempPathFactory, zoo_model) -> Path:
     for name in ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"):
         zoo_model(name)  # fetched (idempotent) before the timed command
     out = tmp_path_factory.mktemp("paper") / "quick"
-    proc = run_cli("paper", "--quick", "--out", str(out))
+    proc = run_cli("paper", "--quick", "--out", str(out), timeout_s=QUICK_BUDGET_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [line.split(":")[0] for line in proc.stdout.splitlines()] == CLAIMS
     return out
