@@ -231,6 +231,7 @@ class SinkEvidence:
     control_changes: list[Estimate]
     patch: Estimate
     later: list[int]
+    per_layer: dict[str, pd.DataFrame]  # the per-layer table of each run, by its name (ablate-sinks, ...)
 
     def table(self) -> pd.DataFrame:
         rows = [("joint sink-head ablation", head_list(self.sinks), self.joint)]
@@ -258,8 +259,11 @@ def sink_evidence(repro: Reproduction, model: str, baseline: AnalysisResult, sam
     later = sorted(layer for layer in baseline.per_layer["layer"] if layer > sinks["layer"].min())
     config = repro.config(model)
 
+    per_layer: dict[str, pd.DataFrame] = {}
+
     def change(name: str, interventions: Interventions) -> Estimate:
         run = repro.run(f"{model}-{name}", model, dataclasses.replace(config, interventions=interventions), sample)
+        per_layer[name] = run.per_layer
         return percent_change(baseline, run, "resid_all", later)
 
     controls = [control_heads(baseline.per_head, len(sinks), draw) for draw in range(repro.plan.control_draws)]
@@ -272,6 +276,7 @@ def sink_evidence(repro: Reproduction, model: str, baseline: AnalysisResult, sam
         ],
         patch=change("patch-pos0", Interventions(patch_pos0=PATCH_SOURCE)),
         later=later,
+        per_layer=per_layer,
     )
 
 
@@ -513,9 +518,10 @@ def _add_figures(repro: Reproduction, claims: list[Claim], results: dict[str, An
     by_claim["C2"].figures.append(
         figures.profiles_figure(smollm2.profiles, smollm2.per_layer, out.figure_path("c2_profiles"))
     )
-    sink_runs = {"baseline": smollm2.per_layer}
-    for name in ("ablate-sinks", "ablate-control0", "patch-pos0"):
-        sink_runs[name] = AnalysisResult.read(RunFolder(out.path / "runs" / f"smollm2-135m-{name}-A")).per_layer
+    sinks: SinkEvidence = results["sinks-A"]
+    sink_runs = {"baseline": smollm2.per_layer} | {
+        name: sinks.per_layer[name] for name in ("ablate-sinks", "ablate-control0", "patch-pos0")
+    }
     by_claim["C3"].figures.append(
         figures.lines_by_run(
             sink_runs,
