@@ -81,8 +81,14 @@ def test_position0_and_sink_ablation_tables(paper: Path) -> None:
         ablation = pd.read_parquet(paper / f"sink_ablation_{sample}.parquet")
         assert list(ablation.columns) == ["run", "heads", "change_pct", "lo", "hi"]
         assert len(ablation) == 1 + 2 + 1  # the sink heads jointly, two control draws, the position-0 patch
-        sinks = ablation["heads"].iloc[0].split(",")
-        assert all(len(heads.split(",")) == len(sinks) for heads in ablation["heads"].iloc[1:3])
+        sinks = set(ablation["heads"].iloc[0].split(","))
+        per_head = pd.read_parquet(paper / "runs" / f"smollm2-135m-{sample}" / "per_head.parquet")
+        before_last = per_head[per_head["layer"] < per_head["layer"].max()]
+        assert len(sinks) == int((before_last["sink_score"] > 0.3).sum())
+        pool = int((before_last["sink_score"] <= 0.3).sum())  # as many controls as sinks, or all non-sink heads
+        for heads in ablation["heads"].iloc[1:3]:
+            control = set(heads.split(","))
+            assert len(control) == min(len(sinks), pool) and not control & sinks
 
 
 @pytest.mark.slow
