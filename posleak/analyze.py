@@ -175,11 +175,15 @@ def finished_here(run: RunFolder, spec: str, config: AnalyzeConfig, command: str
 
 
 def checked_input(
-    spec: str, config: AnalyzeConfig, out: Path | str | None, trust_remote_code: bool = False
+    spec: str,
+    config: AnalyzeConfig,
+    out: Path | str | None,
+    trust_remote_code: bool = False,
+    base: LoadedModel | None = None,
 ) -> tuple[LoadedModel, TokenBatch]:
-    """The model (without load-time interventions) and the sequences of `analyze`, once every option has
-    been checked against the others, the model's facts and the output folder; BadInput lists every problem.
-    Nothing is run on the model and nothing is written."""
+    """The model (without load-time interventions; `base`: already loaded) and the sequences of `analyze`, once
+    every option has been checked against the others, the model's facts and the output folder; BadInput lists
+    every problem. Nothing is run on the model and nothing is written."""
     problems = Problems()
     if out is not None:
         problems.extend(out_folder_problems(out))
@@ -187,7 +191,7 @@ def checked_input(
         problems.extend(placement_problems)  # no model loads where it cannot run
         problems.extend(config.problems(config.seq_len, config.num_seqs))
         problems.raise_any()
-    loaded = checked_model(problems, spec, trust_remote_code, config.placement)
+    loaded = base if base is not None else checked_model(problems, spec, trust_remote_code, config.placement)
     batch = checked_sequences(problems, loaded, config)
     if loaded is not None and batch is not None:
         problems.extend(token_file_bos_problems(loaded, batch, config))

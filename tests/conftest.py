@@ -1,5 +1,7 @@
 """Fixtures shared by every test file.
 
+Ray: `ray_faults` starts a local cluster (2 CPUs) whose workers can be told to die (tests/ray_hooks.py).
+
 Built-in models: `zoo_model(name)` fetches a model into the default cache (idempotent: later
 sessions only verify it) and loads it once per session; `smollm2` and `gemma3` are the two that
 tests use. The loaded models are shared: leave their weights, config and attention as you found them.
@@ -7,7 +9,9 @@ tests use. The loaded models are shared: leave their weights, config and attenti
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +42,22 @@ def smollm2(zoo_model: Callable[[str], LoadedModel]) -> LoadedModel:
 @pytest.fixture(scope="session")
 def gemma3(zoo_model: Callable[[str], LoadedModel]) -> LoadedModel:
     return zoo_model("gemma3-270m")
+
+
+@pytest.fixture
+def ray_faults(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A local Ray cluster whose workers run tests/ray_hooks.py's fault injection; yields its plan folder."""
+    ray = pytest.importorskip("ray")
+    faults = tmp_path_factory.mktemp("faults")
+    path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    env = {"POSLEAK_TEST_FAULTS": str(faults), "PYTHONPATH": path}
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": env, "worker_process_setup_hook": "ray_hooks.install"},
+    )
+    try:
+        yield faults
+    finally:
+        ray.shutdown()

@@ -1,10 +1,11 @@
-"""Fault injection for the Ray sweep tests (test_lab.py): `install` is every Ray worker's setup hook.
+"""Fault injection for the Ray tests (test_lab.py, test_batch.py): `install` is every Ray worker's setup hook.
 
-The test writes a plan to $POSLEAK_TEST_FAULTS/plan.json, {"pe": PE, "at": "checkpoint" | "measure", "times": N}.
-A worker training the trial of that position encoding then kills itself with SIGKILL, as the kernel's OOM killer
-would, right after it saves a training checkpoint ("checkpoint") or as its measurements start ("measure"), until N
-workers have died (counted in deaths.log). Every checkpoint step saved for that trial goes to checkpoints.log.
-Without plan.json nothing happens.
+The test writes a plan to $POSLEAK_TEST_FAULTS/plan.json, {"unit": UNIT, "at": "checkpoint" | "measure",
+"times": N}, where UNIT is a lab trial's position encoding or an analysis's run folder name. A worker on that unit
+then kills itself with SIGKILL, as the kernel's OOM killer would, right after it saves a training checkpoint
+("checkpoint") or as its measurements start ("measure": a lab trial's, or an analysis's per-layer measurement,
+once its forwards are captured), until N workers have died (counted in deaths.log). Every checkpoint step saved
+for that trial goes to checkpoints.log. Without plan.json nothing happens.
 """
 
 from __future__ import annotations
@@ -20,10 +21,15 @@ def _folder() -> Path:
     return Path(os.environ["POSLEAK_TEST_FAULTS"])
 
 
-def _plan(pe: str) -> dict[str, Any] | None:
+def _plan(unit: str) -> dict[str, Any] | None:
     path = _folder() / "plan.json"
     plan = json.loads(path.read_text()) if path.is_file() else None
-    return plan if plan is not None and plan["pe"] == pe else None
+    return plan if plan is not None and plan["unit"] == unit else None
+
+
+def plan_fault(faults: Path, unit: str, at: str, times: int) -> None:
+    """Write the plan (module docstring) into the fault folder `faults`."""
+    (faults / "plan.json").write_text(json.dumps({"unit": unit, "at": at, "times": times}))
 
 
 def _append(name: str, line: str) -> None:
@@ -31,16 +37,17 @@ def _append(name: str, line: str) -> None:
         file.write(line + "\n")
 
 
-def _die_if_planned(pe: str, at: str) -> None:
-    plan = _plan(pe)
+def _die_if_planned(unit: str, at: str) -> None:
+    plan = _plan(unit)
     deaths = _folder() / "deaths.log"
     died = len(deaths.read_text().splitlines()) if deaths.is_file() else 0
     if plan is not None and plan["at"] == at and died < plan["times"]:
-        _append("deaths.log", f"{pe} {at}")
+        _append("deaths.log", f"{unit} {at}")
         os.kill(os.getpid(), signal.SIGKILL)
 
 
 def install() -> None:
+    from posleak import analyze
     from posleak.lab import trainer, trial
 
     save_checkpoint, measure = trainer._save_checkpoint, trial.measure
@@ -56,5 +63,13 @@ def install() -> None:
         _die_if_planned(run.spec.pe, "measure")
         return measure(model, data, run, *args)
 
+    measure_layers = analyze._measure
+
+    def maybe_die_then_measure_layers(captures: Any, spec: Any, run: Any, *args: Any) -> Any:
+        if run is not None:
+            _die_if_planned(run.path.name, "measure")
+        return measure_layers(captures, spec, run, *args)
+
     trainer._save_checkpoint = checkpoint_then_maybe_die
     trial.measure = maybe_die_then_measure
+    analyze._measure = maybe_die_then_measure_layers

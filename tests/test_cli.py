@@ -81,7 +81,7 @@ with contextlib.redirect_stdout(io.StringIO()) as out:
 heavy = sorted(name for name in ("torch", "transformers", "pandas", "ray") if name in sys.modules)
 print(json.dumps({"code": code, "heavy": heavy, "out": out.getvalue()}))
 """
-COMMANDS = ("inspect", "analyze", "intervene", "compare", "paper", "train", "lab", "sweep", "models", "fetch")
+COMMANDS = ("inspect", "analyze", "intervene", "batch", "compare", "paper", "train", "lab", "sweep", "models", "fetch")
 
 
 @pytest.mark.parametrize(

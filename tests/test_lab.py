@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +25,7 @@ import torch
 import yaml
 from cli import assert_error_lines, file_stamps, run_cli, run_main
 from harness import analyze_recorded, errors_of
+from ray_hooks import plan_fault
 from reference import assert_close
 from safetensors.torch import load_file
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -609,25 +609,6 @@ def test_cli_lab_trains_and_measures_each_variant(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------------- Ray, with faults
 
 
-@pytest.fixture
-def ray_faults(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A local Ray cluster whose workers run tests/ray_hooks.py's fault injection; yields its plan folder."""
-    ray = pytest.importorskip("ray")
-    faults = tmp_path_factory.mktemp("faults")
-    path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
-    env = {"POSLEAK_TEST_FAULTS": str(faults), "PYTHONPATH": path}
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": env, "worker_process_setup_hook": "ray_hooks.install"},
-    )
-    try:
-        yield faults
-    finally:
-        ray.shutdown()
-
-
 def _with_finished(out: Path, reference: Path, trials: list[Trial]) -> None:
     """Copy finished trials (measurements and trained model) of the reference sweep into `out`."""
     for trial in trials:
@@ -637,10 +618,6 @@ def _with_finished(out: Path, reference: Path, trials: list[Trial]) -> None:
 
 def _finished_stamps(out: Path, trials: list[Trial]) -> dict[Path, tuple[int, int]]:
     return file_stamps(*(trial_folder(out, trial) for trial in trials), *(out / "models" / t.train_key for t in trials))
-
-
-def _plan(faults: Path, pe: str, at: str, times: int) -> None:
-    (faults / "plan.json").write_text(json.dumps({"pe": pe, "at": at, "times": times}))
 
 
 @pytest.mark.slow
@@ -654,7 +631,7 @@ def test_ray_retries_a_worker_killed_mid_training_from_its_checkpoint(
     trials = spec.trials()
     _with_finished(tmp_path, reference_sweep[0], trials[:2])
     finished = _finished_stamps(tmp_path, trials[:2])
-    _plan(ray_faults, "alibi", "checkpoint", times=1)
+    plan_fault(ray_faults, "alibi", "checkpoint", times=1)
     table = run_sweep(spec, tmp_path, backend="ray", progress=False)
     assert (ray_faults / "deaths.log").read_text().splitlines() == ["alibi checkpoint"]
     assert (ray_faults / "checkpoints.log").read_text().split() == ["2", "4", "6"]
@@ -672,7 +649,7 @@ def test_ray_worker_that_keeps_dying_fails_the_sweep_and_a_rerun_finishes_it(
     spec = SweepSpec.from_dict(RESUME_SWEEP)
     trials = spec.trials()
     _with_finished(tmp_path, reference_sweep[0], trials[:2])
-    _plan(ray_faults, "alibi", "measure", times=100)
+    plan_fault(ray_faults, "alibi", "measure", times=100)
     with pytest.raises(PosleakError, match=r"Ray worker died running trial pe=alibi .* rerun the same command") as err:
         run_sweep(spec, tmp_path, backend="ray", progress=False)
     assert "\n" not in str(err.value)

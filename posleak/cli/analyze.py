@@ -1,4 +1,4 @@
-"""`posleak inspect`, `analyze`, `intervene`, `compare` and `paper`: the measurement commands.
+"""`posleak inspect`, `analyze`, `intervene`, `batch`, `compare` and `paper`: the measurement commands.
 
 The parsers import nothing heavy (torch, transformers, pandas take seconds): options that mirror a field of
 `AnalyzeConfig` or `Interventions` have no argparse default (`argparse.SUPPRESS`), so the dataclass's own
@@ -15,6 +15,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from posleak.backends import BACKENDS
 from posleak.device import DEVICE_MAPS, DEVICES, DTYPES, Placement
 
 if TYPE_CHECKING:
@@ -44,6 +45,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_intervention_options(intervene)
     intervene.set_defaults(handler=_intervene)
 
+    batch = sub.add_parser("batch", help="many analyses from a YAML list of models × settings, then one comparison")
+    batch.add_argument("spec", help="batch file (YAML: name, models, base, grid; see posleak.experiments.batch)")
+    batch.add_argument("--out", required=True, help="output folder: runs/ and comparison/ (rerun to resume)")
+    add_backend_options(batch, "analyses")
+    batch.set_defaults(handler=_batch)
+
     compare = sub.add_parser("compare", help="architecture comparison of finished runs (docs/method.md §10)")
     compare.add_argument("runs", nargs="+", help="run folders written by posleak analyze")
     compare.add_argument("--labels", nargs="+", help="one label per run (default: model id and interventions)")
@@ -55,6 +62,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     size.add_argument("--quick", action="store_true", help="the default: about 15 minutes on 2 cores")
     size.add_argument("--full", action="store_true", help="more and longer sequences")
     paper.add_argument("--out", default="runs/paper", help="output folder (rerun to resume)")
+    add_backend_options(paper, "analyses and lab trials")
     add_placement_options(paper, defaults=True)
     paper.set_defaults(handler=_paper)
 
@@ -111,6 +119,13 @@ def add_placement_options(parser: argparse.ArgumentParser, defaults: bool) -> No
         metavar="DEV=SIZE,..",
         help="with --device-map: cpu=8GiB,0=20GiB",
     )
+
+
+def add_backend_options(parser: argparse.ArgumentParser, units: str) -> None:
+    parser.add_argument(
+        "--backend", choices=list(BACKENDS), default="local", help=f"run the {units} here or as Ray tasks"
+    )
+    parser.add_argument("--address", help="an existing Ray cluster (default: start a local one)")
 
 
 def placement_from(args: argparse.Namespace) -> Placement:
@@ -211,6 +226,15 @@ def _intervene(args: argparse.Namespace) -> int:
     return 0
 
 
+def _batch(args: argparse.Namespace) -> int:
+    from posleak.experiments.batch import BatchSpec, run_batch
+
+    summary = run_batch(BatchSpec.read(args.spec), args.out, backend=args.backend, address=args.address)
+    print(f"wrote {args.out}: runs/, comparison/ (comparison.parquet, figures/, report.html)", file=sys.stderr)
+    print(summary.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    return 0
+
+
 def _compare(args: argparse.Namespace) -> int:
     from posleak.compare import compare_runs
 
@@ -224,7 +248,7 @@ def _paper(args: argparse.Namespace) -> int:
     from posleak.experiments.paper import FULL, QUICK, reproduce
 
     plan = dataclasses.replace(FULL if args.full else QUICK, placement=placement_from(args))
-    claims = reproduce(Path(args.out), plan)
+    claims = reproduce(Path(args.out), plan, backend=args.backend, address=args.address)
     print(f"wrote {args.out}: report.html, claims.json, runs/", file=sys.stderr)
     for claim in claims:
         print(f"{claim.claim}: {claim.verdict}")

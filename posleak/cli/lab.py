@@ -1,6 +1,6 @@
 """`posleak train`, `posleak lab` and `posleak sweep`: the lab commands (posleak.lab).
 
-The parsers read only modules without torch (`posleak.lab.config`, `posleak.backends`); the training options
+The parsers read only modules without torch (`posleak.lab.config`, `posleak.cli.analyze`); the training options
 mirror `TrainConfig` fields and have no argparse default (`argparse.SUPPRESS`), so `TrainConfig`'s own
 defaults apply. The handlers import what they run.
 """
@@ -13,7 +13,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from posleak.backends import BACKENDS
+from posleak.cli.analyze import add_backend_options
 from posleak.lab.config import NORMS, PE_KINDS, SIZES, TASK_NAMES, TASK_SEEDS, TASK_VARIANTS, VARIANTS, LabSpec
 from posleak.validate import Problems, natural_number, out_folder_problems
 
@@ -89,8 +89,7 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_backend_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", choices=list(BACKENDS), default="local", help="run trials here or as Ray tasks")
-    parser.add_argument("--address", help="an existing Ray cluster (default: start a local one)")
+    add_backend_options(parser, "trials")
     parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="local backend: trials at a time (default: CPU count)"
     )

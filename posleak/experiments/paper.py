@@ -16,16 +16,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
-from posleak.analyze import AnalysisResult, AnalyzeConfig, analyze_model, load_for, sequences_for
+from posleak.analyze import AnalysisResult, AnalyzeConfig
+from posleak.backends import BACKENDS
 from posleak.capture import CaptureSession, ResidualCapture
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.compare import summarise
@@ -33,6 +32,7 @@ from posleak.data.batches import TokenBatch, iter_batches
 from posleak.device import Placement
 from posleak.errors import BadInput
 from posleak.experiments import claims as criteria
+from posleak.experiments.batch import AnalysisJob, ModelCache, run_analyses
 from posleak.experiments.claims import Claim, Judgement, LabRuns
 from posleak.experiments.evidence import Estimate, depth_slope, percent_change
 from posleak.intervene import Interventions
@@ -113,22 +113,21 @@ FULL = Plan(
 
 
 class Reproduction:
-    """Runs (or resumes) each analysis the claims need, caching loaded models and sequences."""
+    """The analyses the claims need (each an `AnalysisJob` into OUT/runs), run or resumed on `backend`, with
+    the loaded models cached between them."""
 
-    def __init__(self, out: Path, plan: Plan, progress: bool) -> None:
+    def __init__(
+        self, out: Path, plan: Plan, progress: bool, backend: str = "local", address: str | None = None
+    ) -> None:
         self.out = RunFolder(out)
         self.plan = plan
         self.progress = progress
-        self._models: dict[tuple[str, str | None], LoadedModel] = {}
+        self.backend = backend
+        self.address = address
+        self.models = ModelCache()
 
-    def model(self, name: str, interventions: Interventions | None = None) -> LoadedModel:
-        interventions = interventions or Interventions()
-        key = (name, interventions.rope_scaling)  # the only intervention that changes what is loaded
-        if key not in self._models:
-            if len(self._models) >= 2:  # keep memory bounded: at most two models loaded at once
-                self._models.pop(next(iter(self._models)))
-            self._models[key] = load_for(name, interventions, placement=self.plan.placement)
-        return self._models[key]
+    def model(self, name: str) -> LoadedModel:
+        return self.models.get(name, Interventions(), self.plan.placement)
 
     def config(self, model: str, **changes: Any) -> AnalyzeConfig:
         """The analysis of one sample of `model` (num_seqs per sample)."""
@@ -148,29 +147,21 @@ class Reproduction:
         )
         return dataclasses.replace(base, **changes)
 
+    def job(self, name: str, model: str, config: AnalyzeConfig, sample: str) -> AnalysisJob:
+        """Analysis `name` of `model` on sample A or B (the first or second half of 2·num_seqs sequences drawn
+        once: disjoint by construction), into OUT/runs/NAME-SAMPLE."""
+        folder = self.out.path / "runs" / f"{name}-{sample}"
+        return AnalysisJob(f"{name}-{sample}", model, config, folder, half=SAMPLES.index(sample))
+
     def sample(self, model: str, config: AnalyzeConfig, sample: str) -> TokenBatch:
-        """Sample A or B: the first or second half of 2·num_seqs sequences drawn once (disjoint by construction)."""
-        both = sequences_for(self.model(model), dataclasses.replace(config, num_seqs=2 * config.num_seqs))
-        return half(both, SAMPLES.index(sample))
+        return self.job("sample", model, config, sample).sequences(self.models)
 
-    def run(self, name: str, model: str, config: AnalyzeConfig, sample: str) -> AnalysisResult:
-        loaded = self.model(model, config.interventions)
-        batch = self.sample(model, dataclasses.replace(config, interventions=Interventions()), sample)
-        return analyze_model(
-            loaded.model,
-            batch,
-            config,
-            out=self.out.path / "runs" / f"{name}-{sample}",
-            loaded=loaded,
-            progress=self.progress,
+    def run(self, jobs: dict[str, AnalysisJob]) -> dict[str, AnalysisResult]:
+        """The result of every job, by its key: finished ones read back, the others run on the backend."""
+        results = run_analyses(
+            list(jobs.values()), backend=self.backend, address=self.address, models=self.models, progress=self.progress
         )
-
-
-def half(batch: TokenBatch, index: int) -> TokenBatch:
-    """Rows [index·n, (index + 1)·n) of a batch of 2n rows."""
-    n = batch.num_seqs // 2
-    rows = slice(index * n, (index + 1) * n)
-    return dataclasses.replace(batch, ids=batch.ids[rows], pos0_token_ids=batch.pos0_token_ids[rows])
+        return dict(zip(jobs, results, strict=True))
 
 
 # --------------------------------------------------------------------------------------- measures
@@ -248,35 +239,48 @@ class SinkEvidence:
         )
 
 
-def sink_evidence(repro: Reproduction, model: str, baseline: AnalysisResult, sample: str) -> SinkEvidence:
-    """Ablate the value at key 0 of every sink head jointly, of as many random non-sink heads (several draws),
-    and patch position 0's trajectory; each against the baseline on the layers after the first sink head."""
+def sink_design(model: str, baseline: AnalysisResult, draws: int) -> tuple[pd.DataFrame, list[pd.DataFrame], list[int]]:
+    """C3's heads on one sample: the sink heads, `draws` sets of as many random non-sink heads, and the layers
+    after the first sink head (where an ablation can change the residual stream)."""
     sinks = sink_heads(baseline.per_head)
     if sinks.empty:
         raise BadInput(
             [f"{model} has no sink head (α₀ > {SINK_THRESHOLD}) outside its last layer: C3 cannot be tested"]
         )
     later = sorted(layer for layer in baseline.per_layer["layer"] if layer > sinks["layer"].min())
+    controls = [control_heads(baseline.per_head, len(sinks), draw) for draw in range(draws)]
+    return sinks, controls, later
+
+
+def sink_jobs(repro: Reproduction, model: str, baseline: AnalysisResult, sample: str) -> dict[str, AnalysisJob]:
+    """Ablate the value at key 0 of every sink head jointly, of as many random non-sink heads (several draws),
+    and patch position 0's trajectory: one analysis each, by run name (ablate-sinks, ablate-control0, ...)."""
+    sinks, controls, _ = sink_design(model, baseline, repro.plan.control_draws)
+    runs = {"ablate-sinks": Interventions(ablate_sink_values=head_list(sinks))}
+    runs |= {f"ablate-control{k}": Interventions(ablate_sink_values=head_list(c)) for k, c in enumerate(controls)}
+    runs["patch-pos0"] = Interventions(patch_pos0=PATCH_SOURCE)
     config = repro.config(model)
+    return {
+        name: repro.job(f"{model}-{name}", model, dataclasses.replace(config, interventions=interventions), sample)
+        for name, interventions in runs.items()
+    }
 
-    per_layer: dict[str, pd.DataFrame] = {}
 
-    def change(name: str, interventions: Interventions) -> Estimate:
-        run = repro.run(f"{model}-{name}", model, dataclasses.replace(config, interventions=interventions), sample)
-        per_layer[name] = run.per_layer
-        return percent_change(baseline, run, "resid_all", later)
+def sink_evidence(model: str, baseline: AnalysisResult, runs: dict[str, AnalysisResult], draws: int) -> SinkEvidence:
+    """Each run of `sink_jobs` against the baseline: % change of resid_all on the layers after the first sink."""
+    sinks, controls, later = sink_design(model, baseline, draws)
 
-    controls = [control_heads(baseline.per_head, len(sinks), draw) for draw in range(repro.plan.control_draws)]
+    def change(name: str) -> Estimate:
+        return percent_change(baseline, runs[name], "resid_all", later)
+
     return SinkEvidence(
         sinks=sinks,
         controls=controls,
-        joint=change("ablate-sinks", Interventions(ablate_sink_values=head_list(sinks))),
-        control_changes=[
-            change(f"ablate-control{k}", Interventions(ablate_sink_values=head_list(c))) for k, c in enumerate(controls)
-        ],
-        patch=change("patch-pos0", Interventions(patch_pos0=PATCH_SOURCE)),
+        joint=change("ablate-sinks"),
+        control_changes=[change(f"ablate-control{k}") for k in range(draws)],
+        patch=change("patch-pos0"),
         later=later,
-        per_layer=per_layer,
+        per_layer={name: run.per_layer for name, run in runs.items()},
     )
 
 
@@ -312,7 +316,7 @@ def lab_runs(repro: Reproduction) -> LabRuns:
         for seed in plan.lab_seeds
     ]
     root = repro.out.path / "lab"
-    run_trials(trials, root, progress=repro.progress)
+    run_trials(trials, root, backend=repro.backend, address=repro.address, progress=repro.progress)
     runs: dict[str, list[AnalysisResult]] = {variant: [] for variant in specs}
     for trial in trials:
         runs[trial.name].append(AnalysisResult.read(RunFolder(trial_folder(root, trial) / "analysis")))
@@ -322,53 +326,51 @@ def lab_runs(repro: Reproduction) -> LabRuns:
 # ------------------------------------------------------------------------------------------- main
 
 
-def reproduce(out: Path | str, plan: Plan = QUICK, progress: bool = True) -> list[Claim]:
-    """Run every analysis, judge every claim, write `claims.json`, tables and `report.html` into `out`."""
-    if problems := out_folder_problems(out) + plan.placement.problems():
+def reproduce(
+    out: Path | str,
+    plan: Plan = QUICK,
+    progress: bool = True,
+    backend: str = "local",
+    address: str | None = None,
+) -> list[Claim]:
+    """Run every analysis, judge every claim, write `claims.json`, tables and `report.html` into `out`.
+
+    `backend`: "local" runs the analyses and lab trials here one after another; "ray" runs each as a Ray task
+    (posleak.experiments.batch), on a local cluster or the one at `address`, in two waves: every analysis that
+    needs nothing else, then C3's ablations (their heads come from the baselines of the first wave)."""
+    problems = out_folder_problems(out) + plan.placement.problems()
+    if backend not in BACKENDS:
+        problems.append(f"unknown backend '{backend}'; use local or ray")
+    if problems:
         raise BadInput(problems)
-    repro = Reproduction(Path(out), plan, progress)
-    steps: list[tuple[str, Callable[[], Any]]] = []
-    results: dict[str, Any] = {}
-
-    def step(name: str, fn: Callable[[], Any]) -> None:
-        steps.append((name, fn))
-
-    for s in SAMPLES:
-        step(f"smollm2-{s}", lambda s=s: repro.run("smollm2-135m", "smollm2-135m", repro.config("smollm2-135m"), s))
-        for k in plan.ntk_factors:
-            ntk = Interventions(rope_scaling=f"ntk:{k:g}")
-            step(
-                f"ntk{k:g}-{s}",
-                lambda ntk=ntk, k=k, s=s: repro.run(
-                    f"smollm2-135m-ntk{k:g}", "smollm2-135m", repro.config("smollm2-135m", interventions=ntk), s
-                ),
-            )
-        step(
-            f"qwen-{s}",
-            lambda s=s: repro.run("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b", repro.config("qwen2.5-coder-0.5b"), s),
-        )
-        step(f"gemma-{s}", lambda s=s: repro.run("gemma3-270m", "gemma3-270m", repro.config("gemma3-270m"), s))
+    repro = Reproduction(Path(out), plan, progress, backend, address)
+    jobs: dict[str, AnalysisJob] = {}
 
     def gemma_short(**changes: Any) -> AnalyzeConfig:  # C5 looks at early queries: no need for T > window
         return repro.config("gemma3-270m", seq_len=plan.seq_len, num_seqs=plan.num_seqs, **changes)
 
     for s in SAMPLES:
-        step(f"gemma-bos-{s}", lambda s=s: repro.run("gemma3-270m-bos", "gemma3-270m", gemma_short(), s))
+        jobs[f"smollm2-{s}"] = repro.job("smollm2-135m", "smollm2-135m", repro.config("smollm2-135m"), s)
+        for k in plan.ntk_factors:
+            ntk = repro.config("smollm2-135m", interventions=Interventions(rope_scaling=f"ntk:{k:g}"))
+            jobs[f"ntk{k:g}-{s}"] = repro.job(f"smollm2-135m-ntk{k:g}", "smollm2-135m", ntk, s)
+        qwen = "qwen2.5-coder-0.5b"
+        jobs[f"qwen-{s}"] = repro.job(qwen, qwen, repro.config(qwen), s)
+        jobs[f"gemma-{s}"] = repro.job("gemma3-270m", "gemma3-270m", repro.config("gemma3-270m"), s)
+        jobs[f"gemma-bos-{s}"] = repro.job("gemma3-270m-bos", "gemma3-270m", gemma_short(), s)
         for kind in ("mean", "random", "zero"):
-            replace = Interventions(replace_bos=kind)
-            step(
-                f"bos-{kind}-{s}",
-                lambda replace=replace, kind=kind, s=s: repro.run(
-                    f"gemma3-270m-bos-{kind}", "gemma3-270m", gemma_short(interventions=replace), s
-                ),
-            )
-        step(f"sinks-{s}", lambda s=s: sink_evidence(repro, "smollm2-135m", results[f"smollm2-{s}"], s))
-        for model in ("gemma3-270m", "smollm2-135m"):
-            step(f"fingerprint-{model}-{s}", lambda model=model, s=s: fingerprint_table(repro, model, s))
-    step("lab", lambda: lab_runs(repro))
+            replace = gemma_short(interventions=Interventions(replace_bos=kind))
+            jobs[f"bos-{kind}-{s}"] = repro.job(f"gemma3-270m-bos-{kind}", "gemma3-270m", replace, s)
+    results: dict[str, Any] = repro.run(jobs)
 
-    for name, fn in tqdm(steps, desc="paper", unit="step", disable=not progress):
-        results[name] = fn()
+    sinks = {s: sink_jobs(repro, "smollm2-135m", results[f"smollm2-{s}"], s) for s in SAMPLES}
+    ablations = repro.run({f"{s}/{name}": job for s, named in sinks.items() for name, job in named.items()})
+    for s, named in sinks.items():
+        runs = {name: ablations[f"{s}/{name}"] for name in named}
+        results[f"sinks-{s}"] = sink_evidence("smollm2-135m", results[f"smollm2-{s}"], runs, plan.control_draws)
+        for model in ("gemma3-270m", "smollm2-135m"):
+            results[f"fingerprint-{model}-{s}"] = fingerprint_table(repro, model, s)
+    results["lab"] = lab_runs(repro)
     claims = _judge(repro, results)
     _write(repro, claims, results)
     return claims

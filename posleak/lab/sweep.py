@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
-import os
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, fields
@@ -43,7 +42,7 @@ import pandas as pd
 import yaml
 from tqdm.auto import tqdm
 
-from posleak.backends import BACKENDS, ray_module
+from posleak.backends import BACKENDS, run_on_ray
 from posleak.errors import PosleakError
 from posleak.lab.config import LabSpec
 from posleak.lab.results import write_results
@@ -168,36 +167,9 @@ def _run_in_processes(trials: Sequence[Trial], root: Path, jobs: int, progress: 
 
 def _run_on_ray(trials: Sequence[Trial], root: Path, address: str | None, progress: bool) -> list[dict[str, Any]]:
     """One Ray task (1 CPU) per trial, on a local cluster started here or on the cluster at `address`."""
-    ray = ray_module()
-    started_here = not ray.is_initialized()
-    if started_here:
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False)
-    try:
-        task = ray.remote(num_cpus=1)(run_trial)
-        refs = [task.remote(trial, str(root), False) for trial in trials]
-        index = {ref: position for position, ref in enumerate(refs)}
-        rows: list[dict[str, Any] | None] = [None] * len(refs)
-        pending = list(refs)
-        with tqdm(total=len(refs), desc="trials (ray)", disable=not progress) as bar:
-            while pending:
-                ready, pending = ray.wait(pending, num_returns=1)
-                trial = trials[index[ready[0]]]
-                try:
-                    # A failed task raises here; Ray's error subclasses the task's own exception type.
-                    rows[index[ready[0]]] = ray.get(ready[0])
-                except ray.exceptions.WorkerCrashedError as err:  # killed (out of memory?) more often than retried
-                    raise PosleakError(
-                        f"a Ray worker died running trial {trial.name} ({trial.key}) and Ray gave up retrying it; "
-                        "finished trials are kept: rerun the same command to resume"
-                    ) from err
-                bar.update()
-        return [row for row in rows if row is not None]
-    finally:
-        if started_here:
-            ray.shutdown()
+    calls = [(trial, str(root), False) for trial in trials]
+    names = [f"{trial.name} ({trial.key})" for trial in trials]
+    return run_on_ray(run_trial, calls, names, what="trial", address=address, progress=progress)
 
 
 def run_sweep(

@@ -1,0 +1,266 @@
+"""Many analyses at once: a YAML list of models × settings, each an `analyze` run folder, here or as Ray tasks.
+
+Batch file (`posleak analyze --batch FILE --out DIR`):
+
+```yaml
+name: rope-bases                  # optional, the report's title
+models: [smollm2-135m, gemma3-270m]   # built-in names, checkpoint folders or hub ids
+base:                             # analyze options shared by every run (--seq-len → seq_len, ...)
+  seq_len: 256
+  num_seqs: 8
+grid:                             # every combination of these values is one setting; each model runs at each
+  rope_scaling: [null, "ntk:4"]
+```
+
+Keys of `base` and `grid` are the options of `posleak analyze`, written as `AnalyzeConfig` or `Interventions`
+fields (`seed` sets both, as `--seed` does). Each model × setting is one run folder, OUT/runs/<name>, named by
+the model and the setting; a finished run is read back, never redone, and an interrupted one resumes from its
+checkpoint (the captures of its forwards, then each measured layer). The finished runs are gathered into one
+comparison, `posleak compare`'s table, figures and report, in OUT/comparison.
+
+The same units carry `posleak paper`'s analyses (`AnalysisJob` with a sample half). On the Ray backend each
+unfinished analysis is one task needing one CPU, and a GPU where its device is `cuda`; OUT must then be a folder
+every node can write (a shared file system).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from posleak.analyze import (
+    AnalysisResult,
+    AnalyzeConfig,
+    analyze_model,
+    checked_input,
+    checked_model,
+    finished_here,
+    load_for,
+    sequences_for,
+)
+from posleak.backends import BACKENDS, run_on_ray
+from posleak.compare import compare_runs
+from posleak.data.batches import TokenBatch
+from posleak.device import Placement
+from posleak.errors import BadInput, PosleakError
+from posleak.intervene import Interventions
+from posleak.models.load import LoadedModel
+from posleak.report.runfolder import RunFolder
+from posleak.validate import Problems, out_folder_problems
+
+CONFIG_KEYS = frozenset(f.name for f in fields(AnalyzeConfig)) - {"interventions"}
+INTERVENTION_KEYS = frozenset(f.name for f in fields(Interventions))
+
+
+class ModelCache:
+    """Loaded models by spec, load-time interventions (RoPE scaling) and placement; at most `size` at once (the
+    least recently used goes), so that a run over several models holds a bounded amount of memory."""
+
+    def __init__(self, size: int = 2) -> None:
+        self.size = size
+        self._models: dict[tuple[str, str | None, Placement], LoadedModel] = {}
+
+    def get(self, spec: str, interventions: Interventions, placement: Placement) -> LoadedModel:
+        key = (spec, interventions.rope_scaling, placement)  # the only intervention that changes what is loaded
+        loaded = self._models.pop(key, None)
+        if loaded is None:
+            if len(self._models) >= self.size:
+                self._models.pop(next(iter(self._models)))
+            loaded = load_for(spec, interventions, placement=placement)
+        self._models[key] = loaded  # last: the most recently used
+        return loaded
+
+
+@dataclass(frozen=True)
+class AnalysisJob:
+    """One analysis: `model` under `config`, written to the run folder `out`.
+
+    `half`: None draws the sequences `config` names; 0 or 1 draws 2·num_seqs once and takes the first or the second
+    half (`posleak paper`'s disjoint samples A and B)."""
+
+    name: str
+    model: str
+    config: AnalyzeConfig
+    out: Path
+    half: int | None = None
+
+    def sequences(self, models: ModelCache) -> TokenBatch:
+        plain = dataclasses.replace(self.config, interventions=Interventions())  # drawn before any intervention
+        loaded = models.get(self.model, Interventions(), self.config.placement)
+        if self.half is None:
+            return sequences_for(loaded, plain)
+        both = sequences_for(loaded, dataclasses.replace(plain, num_seqs=2 * plain.num_seqs))
+        return half(both, self.half)
+
+    def resources(self) -> dict[str, float]:
+        """What one Ray task of this job asks for."""
+        return {"num_cpus": 1, "num_gpus": 1 if self.config.device == "cuda" else 0}
+
+    def finished(self) -> bool:
+        """Whether its folder holds this analysis, finished (by the model and options it recorded)."""
+        return finished_here(RunFolder(self.out), self.model, self.config)
+
+
+def half(batch: TokenBatch, index: int) -> TokenBatch:
+    """Rows [index·n, (index + 1)·n) of a batch of 2n rows."""
+    n = batch.num_seqs // 2
+    rows = slice(index * n, (index + 1) * n)
+    return dataclasses.replace(batch, ids=batch.ids[rows], pos0_token_ids=batch.pos0_token_ids[rows])
+
+
+def run_job(job: AnalysisJob, models: ModelCache, progress: bool = True) -> AnalysisResult:
+    """Run (or resume, or read back) one analysis."""
+    run = RunFolder(job.out)
+    if job.finished():
+        return AnalysisResult.read(run)
+    batch = job.sequences(models)
+    loaded = models.get(job.model, job.config.interventions, job.config.placement)
+    return analyze_model(loaded.model, batch, job.config, out=job.out, loaded=loaded, progress=progress)
+
+
+_WORKER_MODELS = ModelCache()  # a Ray worker process keeps its last models for the next task it is given
+
+
+def _run_on_worker(job: AnalysisJob) -> None:
+    run_job(job, _WORKER_MODELS, progress=False)  # the driver reads the run folder back
+
+
+def run_analyses(
+    jobs: Sequence[AnalysisJob],
+    *,
+    backend: str = "local",
+    address: str | None = None,
+    models: ModelCache | None = None,
+    progress: bool = True,
+) -> list[AnalysisResult]:
+    """Every job's result, in order: finished ones read back, the others run here (one after another, models
+    shared through `models`) or as Ray tasks."""
+    if backend not in BACKENDS:
+        raise PosleakError(f"unknown backend '{backend}'; use local or ray")
+    models = models if models is not None else ModelCache()
+    if backend == "local":
+        return [run_job(job, models, progress) for job in jobs]
+    todo = [job for job in jobs if not job.finished()]
+    if todo:
+        run_on_ray(
+            _run_on_worker,
+            [(job,) for job in todo],
+            [job.name for job in todo],
+            what="analysis",
+            address=address,
+            resources=[job.resources() for job in todo],
+            progress=progress,
+        )
+    return [AnalysisResult.read(RunFolder(job.out)) for job in jobs]
+
+
+# ----------------------------------------------------------------------------------------------- batch files
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """A parsed batch file."""
+
+    name: str
+    models: tuple[str, ...]
+    base: dict[str, Any]
+    grid: dict[str, list[Any]]
+
+    @classmethod
+    def read(cls, path: str | Path) -> BatchSpec:
+        path = Path(path)
+        if not path.is_file():
+            raise PosleakError(f"batch file '{path}' does not exist; pass a YAML file (see posleak.experiments.batch)")
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            reason = " ".join(str(err).split())  # YAML's message spans lines and points with a caret
+            raise PosleakError(f"batch file '{path}' is not valid YAML ({reason}); fix the file") from err
+        if not isinstance(raw, dict):
+            raise PosleakError(f"batch file '{path}' is not a mapping of sections; write name, models, base, grid")
+        return cls.from_dict(raw, default_name=path.stem)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], default_name: str = "batch") -> BatchSpec:
+        unknown = sorted(set(raw) - {"name", "models", "base", "grid"})
+        if unknown:
+            raise PosleakError(f"batch file has unknown sections {unknown}; use name, models, base, grid")
+        models = raw.get("models")
+        if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
+            raise PosleakError("batch 'models' must be a non-empty list of model names, folders or hub ids")
+        base, grid = dict(raw.get("base") or {}), dict(raw.get("grid") or {})
+        for section, keys in (("base", base), ("grid", grid)):
+            bad = sorted(set(keys) - CONFIG_KEYS - INTERVENTION_KEYS)
+            if bad:
+                raise PosleakError(
+                    f"batch {section} has unknown options {bad}; use analyze options "
+                    f"{sorted(CONFIG_KEYS | INTERVENTION_KEYS)}"
+                )
+        for key, values in grid.items():
+            if not isinstance(values, list) or not values:
+                raise PosleakError(f"batch grid '{key}' must be a non-empty list of values")
+        return cls(str(raw.get("name", default_name)), tuple(models), base, grid)
+
+    def jobs(self, out: Path) -> list[AnalysisJob]:
+        """Every model × grid point, in model order then grid order."""
+        keys = list(self.grid)
+        jobs = []
+        for model in self.models:
+            for values in itertools.product(*(self.grid[key] for key in keys)):
+                point = dict(zip(keys, values, strict=True))
+                options = {**self.base, **point}
+                interventions = Interventions(**{k: v for k, v in options.items() if k in INTERVENTION_KEYS})
+                config = AnalyzeConfig(
+                    **{k: v for k, v in options.items() if k in CONFIG_KEYS}, interventions=interventions
+                )
+                name = "-".join([_safe(Path(model).name), *(f"{k}={_safe(str(v))}" for k, v in point.items())])
+                jobs.append(AnalysisJob(name, model, config, out / "runs" / name))
+        return jobs
+
+
+def _safe(text: str) -> str:
+    """A run folder's name from a model spec or an option's value."""
+    return re.sub(r"[^A-Za-z0-9._=:+-]", "_", text)
+
+
+def batch_problems(jobs: Sequence[AnalysisJob], out: Path) -> list[str]:
+    """Every problem with the batch's runs, found before any of them starts: each model is loaded once, here,
+    and every run's options are checked against it and its run folder."""
+    problems = Problems()
+    problems.extend(out_folder_problems(out))
+    names = [job.name for job in jobs]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        problems.add(f"batch runs {twice} would share a folder; give the models different folder names")
+    loaded: dict[tuple[str, Placement], LoadedModel | None] = {}
+    for job in jobs:
+        key = (job.model, job.config.placement)
+        if key not in loaded:
+            found = Problems()
+            loaded[key] = checked_model(found, job.model, False, job.config.placement)
+            problems.extend([f"{job.model}: {p}" for p in found.found])
+        if loaded[key] is None:
+            continue
+        with problems.collecting():
+            checked_input(job.model, job.config, job.out, base=loaded[key])
+    return list(dict.fromkeys(problems.found))
+
+
+def run_batch(
+    spec: BatchSpec, out: Path | str, backend: str = "local", address: str | None = None, progress: bool = True
+) -> pd.DataFrame:
+    """Run every analysis of `spec` into OUT/runs and gather them: OUT/comparison.parquet, figures, report.html."""
+    out = Path(out).resolve()
+    jobs = spec.jobs(out)
+    if problems := batch_problems(jobs, out):
+        raise BadInput(problems)
+    run_analyses(jobs, backend=backend, address=address, progress=progress)
+    return compare_runs([job.out for job in jobs], out=out / "comparison", labels=[job.name for job in jobs])
