@@ -13,12 +13,15 @@ blocks back to the system when it frees them, so each task starts from the same 
                                                          # (16384 is past smollm2's 8192: cost only)
     python benchmarks/bench_analyze.py --lengths 512     # a quicker look
     python benchmarks/bench_analyze.py --lengths 2048 --tasks a c   # some of the tasks only
+    python benchmarks/bench_analyze.py --lengths 2048 --tasks c --repeats 1 --profile   # where (c)'s time goes
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
 import threading
 import time
@@ -104,6 +107,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192, 16384])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--tasks", nargs="+", choices=["a", "b", "c"], help="default: all that apply to T")
+    parser.add_argument("--profile", action="store_true", help="print cProfile's 30 costliest calls of each task")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -117,11 +121,18 @@ def main() -> None:
         repeats = args.repeats if seq_len <= 2048 else 1
         for _ in range(repeats):  # interleaved, so that drifting machine load hits every task alike
             for name in wanted:
+                profile = cProfile.Profile() if args.profile else None
                 with PeakMemory() as peak:
                     start = time.perf_counter()
-                    tasks[name]()
+                    if profile is not None:
+                        profile.runcall(tasks[name])
+                    else:
+                        tasks[name]()
                     times[name].append(time.perf_counter() - start)
                 memory[name] = max(memory[name], peak.added_mb)
+                if profile is not None:
+                    print(f"--- {name}, T = {seq_len}")
+                    pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
         seconds = {name: statistics.median(t) for name, t in times.items()}
         row = {"T": seq_len, "N": _config(seq_len).num_seqs, "seconds": seconds, "peak_mb_above_model": memory}
         if {"a_sdpa", "c_analyze"} <= seconds.keys():

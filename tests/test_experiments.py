@@ -92,6 +92,30 @@ def test_position0_and_sink_ablation_tables(paper: Path) -> None:
 
 
 @pytest.mark.slow
+def test_every_intervention_comes_with_its_effect_on_the_loss(paper: Path) -> None:
+    """behaviour_{A,B}.parquet: each intervention the reproduction runs against its baseline; the loss and accuracy
+    over all queries equal the means of the two runs' own next-token scores (their tokens.parquet)."""
+    pairs = {
+        ("C3", "ablate-sinks"): ("smollm2-135m", "smollm2-135m-ablate-sinks"),
+        ("C3", "ablate-control0"): ("smollm2-135m", "smollm2-135m-ablate-control0"),
+        ("C3", "ablate-control1"): ("smollm2-135m", "smollm2-135m-ablate-control1"),
+        ("C3", "patch-pos0"): ("smollm2-135m", "smollm2-135m-patch-pos0"),
+        ("C4", "ntk:4"): ("smollm2-135m", "smollm2-135m-ntk4"),
+        ("C4", "ntk:16"): ("smollm2-135m", "smollm2-135m-ntk16"),
+        **{("C5", f"replace-bos {k}"): ("gemma3-270m-bos", f"gemma3-270m-bos-{k}") for k in ("mean", "random", "zero")},
+    }
+    for sample in ("A", "B"):
+        table = pd.read_parquet(paper / f"behaviour_{sample}.parquet")
+        assert set(zip(table["claim"], table["intervention"], strict=True)) == set(pairs)
+        whole = table[table["bucket"] == "all"].set_index(["claim", "intervention", "measure"])
+        for key, (base, new) in pairs.items():
+            for run, column in ((base, "baseline"), (new, "intervened")):
+                tokens = pd.read_parquet(paper / "runs" / f"{run}-{sample}" / "tokens.parquet")
+                assert whole.loc[(*key, "loss"), column] == pytest.approx(tokens["nll"].mean(), rel=1e-9)
+                assert whole.loc[(*key, "accuracy"), column] == pytest.approx(tokens["correct"].mean(), rel=1e-9)
+
+
+@pytest.mark.slow
 def test_every_run_folder_is_complete(paper: Path) -> None:
     manifest = json.loads((paper / "manifest.json").read_text())
     folders = sorted((paper / "runs").iterdir())

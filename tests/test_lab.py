@@ -358,6 +358,49 @@ def test_same_seed_same_weights_and_resume_equals_uninterrupted(tmp_path: Path) 
     assert other.finished and not torch.equal(_weights(tmp_path / "d")[embedding], a[embedding])
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_mixed_precision_training_runs_in_its_dtype_resumes_exactly_and_is_its_own_run(
+    tmp_path: Path, dtype: str
+) -> None:
+    """--dtype bfloat16|float16 trains in mixed precision: the forward under the run's precision computes in that
+    dtype while the weights stay float32; its losses differ from float32's by about the dtype's roundoff (they
+    would be equal if autocast had not run); a run interrupted off a checkpoint (float16: with its gradient
+    scale) ends with the same weights; the dtype is part of the run's identity, float32 and the device are not
+    (so the trial keys of earlier float32 runs stay)."""
+    spec = LabSpec(size="tiny", pe="rope")
+    base = TrainConfig(steps=8, seq_len=16, batch_size=4, warmup_steps=2, eval_every=4, checkpoint_every=3)
+    mixed = replace(base, dtype=dtype)
+    model = build_lab_model(spec.config(VOCAB, 64, 0, 1), seed=0)
+    with mixed.precision():
+        logits = model(input_ids=torch.randint(VOCAB, (2, 16))).logits
+    assert logits.dtype == getattr(torch, dtype) and model.lm_head.weight.dtype == torch.float32
+
+    plain = train(spec, base, tmp_path / "float32", progress=False)
+    whole = train(spec, mixed, tmp_path / "whole", progress=False)
+    train(spec, mixed, tmp_path / "resumed", until=4, progress=False)
+    resumed = train(spec, mixed, tmp_path / "resumed", progress=False)
+    gap = (whole.metrics["train_loss"] - plain.metrics["train_loss"]).abs()
+    roundoff = {"bfloat16": 2.0**-8, "float16": 2.0**-11}[dtype]
+    assert 0 < gap.max() < 64 * roundoff * plain.metrics["train_loss"].max()
+    a, b = _weights(tmp_path / "whole"), _weights(tmp_path / "resumed")
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    assert resumed.metrics["train_loss"].tolist() == whole.metrics["train_loss"].tolist()
+
+    assert json.loads((tmp_path / "whole" / "train.json").read_text())["train"]["dtype"] == dtype
+    assert "dtype" not in base.to_dict() and "device" not in base.to_dict()
+    assert replace(base, device="cpu").to_dict() == base.to_dict()
+    with pytest.raises(PosleakError, match="different run"):
+        train(spec, base, tmp_path / "whole", progress=False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cli_train_and_lab_refuse_a_device_this_machine_lacks_before_any_work(tmp_path: Path) -> None:
+    for command in ("train", "lab"):
+        proc = run_main(command, "--device", "cuda", "--steps", "2", "--out", str(tmp_path / command))
+        assert_error_lines(proc, "--device cuda: this machine has no CUDA device")
+        assert not (tmp_path / command).exists()
+
+
 def test_cli_train_and_a_finished_run_is_not_retrained(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     argv = ["train", "--pe", "nope", "--steps", "4", "--seq-len", "16", "--batch-size", "4", "--eval-every", "2"]
     assert main([*argv, "--out", str(tmp_path)]) == 0

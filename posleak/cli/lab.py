@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from posleak.cli.analyze import add_backend_options
+from posleak.device import DEVICES, DTYPES
 from posleak.lab.config import NORMS, PE_KINDS, SIZES, TASK_NAMES, TASK_SEEDS, TASK_VARIANTS, VARIANTS, LabSpec
 from posleak.validate import Problems, natural_number, out_folder_problems
 
@@ -86,6 +87,10 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int, default=unset)
     group.add_argument("--corpus", default=unset, help="stdlib | FILE.txt | FOLDER | FILE.jsonl[:field]")
     group.add_argument("--vocab-size", type=int, default=unset, help="BPE vocabulary trained on the corpus")
+    group.add_argument("--device", choices=DEVICES, default=unset, help="where to train and evaluate (auto: the best)")
+    group.add_argument(
+        "--dtype", choices=DTYPES, default=unset, help="bfloat16|float16: mixed-precision training (default float32)"
+    )
 
 
 def _add_backend_options(parser: argparse.ArgumentParser) -> None:

@@ -36,6 +36,7 @@ from posleak.experiments.batch import AnalysisJob, ModelCache, run_analyses
 from posleak.experiments.claims import Claim, Judgement, LabRuns
 from posleak.experiments.evidence import Estimate, depth_slope, percent_change
 from posleak.intervene import Interventions
+from posleak.intervene.behaviour import behaviour_table
 from posleak.intervene.effect import without_bos
 from posleak.lab.config import LabSpec
 from posleak.lab.sweep import run_trials
@@ -51,6 +52,7 @@ from posleak.validate import out_folder_problems
 SAMPLES = ("A", "B")
 PATCH_SOURCE = "the"  # C3: position 0's trajectory is replaced by this token's (one token in every tokenizer here)
 LAB_VARIANTS = ("rope", "window", "ntk")
+BOS_KINDS = ("mean", "random", "zero")  # C5: what replaces the BOS's embedding
 
 
 @dataclass(frozen=True)
@@ -222,7 +224,7 @@ class SinkEvidence:
     control_changes: list[Estimate]
     patch: Estimate
     later: list[int]
-    per_layer: dict[str, pd.DataFrame]  # the per-layer table of each run, by its name (ablate-sinks, ...)
+    runs: dict[str, AnalysisResult]  # each ablation or patch run, by its name (ablate-sinks, ...)
 
     def table(self) -> pd.DataFrame:
         rows = [("joint sink-head ablation", head_list(self.sinks), self.joint)]
@@ -280,7 +282,7 @@ def sink_evidence(model: str, baseline: AnalysisResult, runs: dict[str, Analysis
         control_changes=[change(f"ablate-control{k}") for k in range(draws)],
         patch=change("patch-pos0"),
         later=later,
-        per_layer={name: run.per_layer for name, run in runs.items()},
+        runs=runs,
     )
 
 
@@ -305,6 +307,7 @@ def lab_runs(repro: Reproduction) -> LabRuns:
                 steps=steps,
                 seq_len=plan.lab_seq_len,
                 seed=seed,
+                device=plan.placement.device if plan.placement.device_map is None else "auto",
                 # TrainConfig's schedule (50, 100, 200), shortened for fewer steps
                 warmup_steps=min(50, max(1, steps // 4)),
                 eval_every=min(100, max(1, steps // 3)),
@@ -321,6 +324,49 @@ def lab_runs(repro: Reproduction) -> LabRuns:
     for trial in trials:
         runs[trial.name].append(AnalysisResult.read(RunFolder(trial_folder(root, trial) / "analysis")))
     return LabRuns(runs)
+
+
+def behaviour_tables(results: dict[str, Any], sample: str, plan: Plan) -> pd.DataFrame:
+    """Every intervention the reproduction runs against its baseline on one sample: the model's next-token loss
+    and top-1 accuracy by position bucket, with paired intervals (posleak.intervene.behaviour), so that each
+    effect on the leakage comes with its effect on what the model predicts."""
+    s = sample
+    sinks: SinkEvidence = results[f"sinks-{s}"]
+    pairs = {
+        **{("C3", name): (results[f"smollm2-{s}"], run) for name, run in sinks.runs.items()},
+        **{("C4", f"ntk:{k:g}"): (results[f"smollm2-{s}"], results[f"ntk{k:g}-{s}"]) for k in plan.ntk_factors},
+        **{("C5", f"replace-bos {k}"): (results[f"gemma-bos-{s}"], results[f"bos-{k}-{s}"]) for k in BOS_KINDS},
+    }
+    frames = [
+        behaviour_table(base, new, resamples=plan.bootstrap).assign(claim=claim, intervention=name)
+        for (claim, name), (base, new) in pairs.items()
+    ]
+    table = pd.concat(frames, ignore_index=True)
+    return table[["claim", "intervention", *table.columns[:-2]]]
+
+
+def behaviour_block(table: pd.DataFrame, claim: str, sample: str) -> TableBlock:
+    """A claim's interventions' change of loss and accuracy, per bucket, for reading (3 significant digits)."""
+    rows = []
+    for (name, bucket), cell in table[table["claim"] == claim].groupby(["intervention", "bucket"], sort=False):
+        loss, acc = cell.set_index("measure").loc["loss"], cell.set_index("measure").loc["accuracy"]
+        rows.append(
+            {
+                "intervention": name,
+                "queries": f"{bucket} ({int(loss.query_lo)}–{int(loss.query_hi) - 1})",
+                "loss": f"{loss.baseline:.3g} → {loss.intervened:.3g}",
+                "Δ loss (nats)": f"{loss.change:+.3g} ({loss.change_lo:+.3g} to {loss.change_hi:+.3g})",
+                "Δ top-1 (points)": f"{100 * acc.change:+.3g} "
+                f"({100 * acc.change_lo:+.3g} to {100 * acc.change_hi:+.3g})",
+            }
+        )
+    return TableBlock(
+        f"Effect on the model's next-token loss and top-1 accuracy (sample {sample})",
+        pd.DataFrame(rows),
+        caption="Intervened − baseline on the same sequences, 95% paired bootstrap intervals over sequences.",
+        max_rows=None,
+        source=f"behaviour_{sample}.parquet",
+    )
 
 
 # ------------------------------------------------------------------------------------------- main
@@ -358,7 +404,7 @@ def reproduce(
         jobs[f"qwen-{s}"] = repro.job(qwen, qwen, repro.config(qwen), s)
         jobs[f"gemma-{s}"] = repro.job("gemma3-270m", "gemma3-270m", repro.config("gemma3-270m"), s)
         jobs[f"gemma-bos-{s}"] = repro.job("gemma3-270m-bos", "gemma3-270m", gemma_short(), s)
-        for kind in ("mean", "random", "zero"):
+        for kind in BOS_KINDS:
             replace = gemma_short(interventions=Interventions(replace_bos=kind))
             jobs[f"bos-{kind}-{s}"] = repro.job(f"gemma3-270m-bos-{kind}", "gemma3-270m", replace, s)
     results: dict[str, Any] = repro.run(jobs)
@@ -390,6 +436,7 @@ def _judge(repro: Reproduction, results: dict[str, Any]) -> list[Claim]:
     lab: LabRuns = results["lab"]
     by_sample: dict[str, dict[str, Judgement]] = {c: {} for c in ("C1", "C2", "C3", "C4", "C5", "C6")}
     numbers: dict[str, dict[str, Any]] = {c: {} for c in by_sample}
+    behaviour: dict[str, pd.DataFrame] = {}
     for s in SAMPLES:
         models = _models(results, s)
         by_sample["C1"][s] = criteria.claim_c1(models)
@@ -411,13 +458,15 @@ def _judge(repro: Reproduction, results: dict[str, Any]) -> list[Claim]:
         by_sample["C4"][s] = criteria.claim_c4(ntk_change, slopes, lab, reported)
         bos = {
             kind: percent_change(results[f"gemma-bos-{s}"], results[f"bos-{kind}-{s}"], "resid_early")
-            for kind in ("mean", "random", "zero")
+            for kind in BOS_KINDS
         }
         by_sample["C5"][s] = criteria.claim_c5(bos)
         fingerprints = {m: results[f"fingerprint-{m}-{s}"] for m in ("gemma3-270m", "smollm2-135m")}
         by_sample["C6"][s] = criteria.claim_c6(fingerprints)
         numbers["C3"][s] = {"sink_heads": len(sinks.sinks), "later_layers": sinks.later}
         repro.out.write_table(f"sink_ablation_{s}", sinks.table())
+        behaviour[s] = behaviour_tables(results, s, plan)
+        repro.out.write_table(f"behaviour_{s}", behaviour[s])
         position0 = pd.concat([t.assign(model=m) for m, t in fingerprints.items()], ignore_index=True)
         repro.out.write_table(
             f"position0_{s}", position0[["model", "layer", "fingerprint_cos_bos", "fingerprint_cos_nobos"]]
@@ -445,6 +494,9 @@ def _judge(repro: Reproduction, results: dict[str, Any]) -> list[Claim]:
             source="sink_ablation_A.parquet",
         )
     )
+    for claim in claims:
+        if claim.claim in set(behaviour["A"]["claim"]):
+            claim.tables.append(behaviour_block(behaviour["A"], claim.claim, "A"))
     _add_figures(repro, claims, results)
     return claims
 
@@ -522,7 +574,7 @@ def _add_figures(repro: Reproduction, claims: list[Claim], results: dict[str, An
     )
     sinks: SinkEvidence = results["sinks-A"]
     sink_runs = {"baseline": smollm2.per_layer} | {
-        name: sinks.per_layer[name] for name in ("ablate-sinks", "ablate-control0", "patch-pos0")
+        name: sinks.runs[name].per_layer for name in ("ablate-sinks", "ablate-control0", "patch-pos0")
     }
     by_claim["C3"].figures.append(
         figures.lines_by_run(
@@ -560,7 +612,7 @@ def _add_figures(repro: Reproduction, claims: list[Claim], results: dict[str, An
         )
     )
     removed = {}
-    for kind in ("mean", "random", "zero"):
+    for kind in BOS_KINDS:
         base, new = results["gemma-bos-A"], results[f"bos-{kind}-A"]
         layers = base.per_layer["layer"].tolist()
         rows = [percent_change(base, new, "resid_early", [layer]) for layer in layers]

@@ -137,6 +137,9 @@ def run_trials(
         problems.add(f"unknown backend '{backend}'; use local or ray")
     if jobs < 1:
         problems.add(f"jobs must be at least 1, got {jobs}")
+    if address is None:  # the trials run on this machine: a device it lacks is refused before any trial starts
+        for placement in dict.fromkeys(trial.train.placement for trial in trials):
+            problems.extend(placement.problems())
     problems.raise_any()
     root = Path(root).resolve()
     rows: list[dict[str, Any] | None] = [finished_row(root, trial) for trial in trials]

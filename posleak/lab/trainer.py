@@ -23,6 +23,12 @@ save: on this project's 2-core machine one thread trains the tiny preset about t
 two. `train` therefore runs with `threads=1` unless told otherwise (None keeps torch's setting), and
 parallelism comes from running trials side by side (`posleak.lab.sweep`).
 
+Device and precision: `device` (auto: CUDA, else MPS, else the CPU) is where the model trains and is
+evaluated; `dtype` bfloat16 or float16 trains in mixed precision (torch.autocast for the forward passes,
+float32 weights and optimizer state; float16 with a gradient scaler). Evaluation and analysis run in float32.
+The device is not part of a run's identity (a run started on one device resumes on another); a dtype other
+than float32 is.
+
 Prefix attention (`prefix:P`): positions below P − 1 see the token they would predict, so their
 targets are left out of the loss, here and in every evaluation.
 """
@@ -36,7 +42,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -51,6 +57,7 @@ from transformers import PreTrainedTokenizerFast
 
 from posleak.data.batches import TokenBatch, make_sequences
 from posleak.data.corpus import Corpus, load_corpus, make_corpus
+from posleak.device import DEVICES, DTYPES, Placement
 from posleak.errors import BadInput, PosleakError
 from posleak.lab.config import LabConfig, LabSpec
 from posleak.lab.model import LabForCausalLM, build_lab_model, load_lab_model, quiet_transformers
@@ -85,6 +92,8 @@ class TrainConfig:
     vocab_size: int = 512
     val_fraction: float = 0.15  # of documents by hash; about 6% of the stdlib corpus's text
     task: str | None = None  # a posleak.lab.tasks name: train on its rows instead of the corpus
+    device: str = "auto"  # where it trains and is evaluated (module docstring): not part of its identity
+    dtype: str = "float32"  # bfloat16 | float16: mixed-precision training
 
     def __post_init__(self) -> None:
         problems = [
@@ -98,6 +107,10 @@ class TrainConfig:
             problems.append(f"lr {self.lr} must be positive")
         if not 0.0 < self.val_fraction < 1.0:
             problems.append(f"val_fraction {self.val_fraction} must lie strictly between 0 and 1")
+        if self.device not in DEVICES:
+            problems.append(f"unknown device {self.device!r}; use one of {', '.join(DEVICES)}")
+        if self.dtype not in DTYPES:
+            problems.append(f"unknown dtype {self.dtype!r}; use one of {', '.join(DTYPES)}")
         if self.task is not None:
             try:
                 (name,) = parse_tasks(self.task)
@@ -118,10 +131,24 @@ class TrainConfig:
         low = self.lr * self.min_lr_ratio
         return low + 0.5 * (self.lr - low) * (1.0 + math.cos(math.pi * progress))
 
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.device, self.dtype)
+
+    def precision(self) -> AbstractContextManager[Any]:
+        """The forward passes' autocast for a mixed-precision dtype (nothing for float32)."""
+        if self.dtype == "float32":
+            return nullcontext()
+        return torch.autocast(self.placement.torch_device().type, dtype=self.placement.torch_dtype())
+
     def to_dict(self) -> dict[str, Any]:
+        """The run's identity: the options that change its result (module docstring)."""
         values = asdict(self)
-        if values["task"] is None:
-            del values["task"]  # corpus runs keep the identity (and trial keys) they had before tasks existed
+        del values["device"]
+        # runs keep the identity (and trial keys) they had before tasks and precisions existed
+        for name, default in (("task", None), ("dtype", "float32")):
+            if values[name] == default:
+                del values[name]
         return values
 
     @classmethod
@@ -197,7 +224,8 @@ def loss_mask(config: LabConfig, seq_len: int) -> torch.Tensor:
 
 
 def token_losses(model: LabForCausalLM, ids: torch.Tensor) -> torch.Tensor:
-    """Per-target cross-entropy (B, T−1) of predicting ids[:, 1:] from the prefix."""
+    """Per-target cross-entropy (B, T−1) of predicting ids[:, 1:] from the prefix, on the model's device."""
+    ids = ids.to(model.device)
     logits = model(input_ids=ids).logits[:, :-1]
     return F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="none").view(ids.shape[0], -1)
 
@@ -213,7 +241,7 @@ def evaluate_loss(
     keep = loss_mask(model.config, ids.shape[1]).expand(ids.shape[0], -1) if targets is None else targets
     total, count = 0.0, 0
     for start in range(0, ids.shape[0], batch_size):
-        losses = token_losses(model, ids[start : start + batch_size])[keep[start : start + batch_size]]
+        losses = token_losses(model, ids[start : start + batch_size])[keep[start : start + batch_size].to(model.device)]
         total += float(losses.double().sum())
         count += losses.numel()
     model.train(was_training)
@@ -262,7 +290,7 @@ def train(
     threads: int | None = 1,
 ) -> TrainResult:
     """Train (or resume, or return a finished run) into `out`; stop after step `until` when given."""
-    if problems := out_folder_problems(out):
+    if problems := out_folder_problems(out) + config.placement.problems():
         raise BadInput(problems)
     with torch_threads(threads):
         return _train(spec, config, Path(out), until, progress)
@@ -290,9 +318,11 @@ def _train(spec: LabSpec, config: TrainConfig, out: Path, until: int | None, pro
     model_config = spec.config(
         tokenizer.vocab_size, MAX_LENGTH_MULTIPLE * config.seq_len, tokenizer.bos_token_id, tokenizer.eos_token_id
     )
-    model = build_lab_model(model_config, seed=config.seed).train()
+    device = config.placement.torch_device()
+    model = build_lab_model(model_config, seed=config.seed).to(device).train()
     optimizer = _optimizer(model, config)
-    state = _resume(out, identity, model, optimizer)
+    scaler = torch.amp.GradScaler(device.type, enabled=config.dtype == "float16")  # float16 gradients underflow
+    state = _resume(out, identity, model, optimizer, scaler)
     batches = _batches(config, spec, model_config, data)
     if data is not None:
         val_targets = None
@@ -310,16 +340,19 @@ def _train(spec: LabSpec, config: TrainConfig, out: Path, until: int | None, pro
             for group in optimizer.param_groups:
                 group["lr"] = config.lr_at(step)
             ids, keep = batches(step)
-            loss = token_losses(model, ids)[keep].mean()
+            with config.precision():
+                loss = token_losses(model, ids.to(device))[keep.to(device)].mean()
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-            optimizer.step()
+            scaler.step(optimizer)
+            scaler.update()
             tokens_per_s = config.batch_size * config.seq_len / (time.perf_counter() - started)
             train_loss = loss.item()
             done = step + 1
             val_loss = (
-                evaluate_loss(model, val_ids, targets=val_targets)
+                evaluate_loss(model, val_ids, targets=val_targets)  # float32, as every evaluation
                 if done % config.eval_every == 0 or done == config.steps
                 else math.nan
             )
@@ -327,7 +360,7 @@ def _train(spec: LabSpec, config: TrainConfig, out: Path, until: int | None, pro
             bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
             bar.update()
             if done % config.checkpoint_every == 0 or done == stop:
-                _save_checkpoint(out, identity, done, model, optimizer, metrics)
+                _save_checkpoint(out, identity, done, model, optimizer, metrics, scaler)
     frame = pd.DataFrame(metrics, columns=list(METRICS_COLUMNS))
     if stop < config.steps:
         return TrainResult(out=out, metrics=frame, finished=False, step=stop)
@@ -385,19 +418,27 @@ def _checkpoint_dir(out: Path) -> Path | None:
     return out / "checkpoints" / pointer.read_text().strip() if pointer.is_file() else None
 
 
-def _resume(out: Path, identity: dict[str, Any], model: LabForCausalLM, optimizer: torch.optim.AdamW) -> dict[str, Any]:
+def _resume(
+    out: Path,
+    identity: dict[str, Any],
+    model: LabForCausalLM,
+    optimizer: torch.optim.AdamW,
+    scaler: torch.amp.GradScaler,
+) -> dict[str, Any]:
     folder = _checkpoint_dir(out)
     if folder is None:
         return {"step": 0, "metrics": []}
     state = json.loads((folder / "trainer_state.json").read_text())
     _check_identity(out, state, identity)
-    load_model(model, str(folder / "model.safetensors"))
+    load_model(model, str(folder / "model.safetensors"), device=str(next(model.parameters()).device))
     tensors = load_file(str(folder / "optimizer.safetensors"))
     per_param: dict[int, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         index, name = key.split(".", 1)
         per_param.setdefault(int(index), {})[name] = tensor
     optimizer.load_state_dict({"state": per_param, "param_groups": state["param_groups"]})
+    if state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])  # float16: the gradient scale it had reached
     return state
 
 
@@ -408,6 +449,7 @@ def _save_checkpoint(
     model: LabForCausalLM,
     optimizer: torch.optim.AdamW,
     metrics: list[dict[str, float]],
+    scaler: torch.amp.GradScaler,
 ) -> None:
     """Write step-NNNNNN in a temporary folder, rename it, then move the `latest` pointer; drop older ones."""
     root = out / "checkpoints"
@@ -419,7 +461,13 @@ def _save_checkpoint(
     optim_state = optimizer.state_dict()
     tensors = {f"{index}.{key}": value for index, state in optim_state["state"].items() for key, value in state.items()}
     save_file(tensors, str(tmp / "optimizer.safetensors"))
-    trainer_state = {**identity, "step": step, "param_groups": optim_state["param_groups"], "metrics": metrics}
+    trainer_state = {
+        **identity,
+        "step": step,
+        "param_groups": optim_state["param_groups"],
+        "metrics": metrics,
+        "scaler": scaler.state_dict(),  # empty unless float16
+    }
     (tmp / "trainer_state.json").write_text(json.dumps(trainer_state))
     final = root / name
     shutil.rmtree(final, ignore_errors=True)

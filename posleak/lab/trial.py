@@ -155,7 +155,7 @@ def _run(trial: Trial, root: Path, progress: bool) -> dict[str, Any]:
     with _locked(root / "models" / f"{trial.train_key}.lock"):
         result = train(trial.spec, trial.train, model_dir, progress=progress, threads=None)
     train_s = time.perf_counter() - clock
-    model = load_lab_model(str(model_dir), **dict(trial.overrides))
+    model = load_lab_model(str(model_dir), **dict(trial.overrides)).to(trial.train.placement.torch_device())
     folder = trial_folder(root, trial)
     folder.mkdir(parents=True, exist_ok=True)
     if trial.train.task is None:
@@ -229,7 +229,7 @@ def task_solved(model: LabForCausalLM, rows: TaskBatch, batch_size: int) -> torc
     """(N,) bool: rows whose every answer the model predicts top-1, with the row as its prefix."""
     model.eval()
     predictions = [
-        model(input_ids=rows.ids[start : start + batch_size]).logits[:, :-1].argmax(-1)
+        model(input_ids=rows.ids[start : start + batch_size].to(model.device)).logits[:, :-1].argmax(-1).cpu()
         for start in range(0, rows.ids.shape[0], batch_size)
     ]
     return solved(torch.cat(predictions), rows)
@@ -270,6 +270,7 @@ def _position_measures(
             grid=ev.grid,
             seed=config.seed,
             bootstrap=ev.bootstrap,
+            device=config.device,  # recorded in the manifest; the analysis runs where the model is, in float32
         ),
         out=folder / "analysis",
         model_id=f"lab:{trial.name}",

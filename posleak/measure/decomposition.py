@@ -38,9 +38,7 @@ def measured_magnitudes(*per_layer: pd.DataFrame) -> list[str]:
     """The layer magnitudes that every one of these per-layer tables has measured (a column with a value):
     the range "beyond" exists only for models with a sliding window shorter than the sequences."""
     return [
-        name
-        for name in LAYER_MAGNITUDES
-        if all(name in table and table[name].notna().any() for table in per_layer)
+        name for name in LAYER_MAGNITUDES if all(name in table and table[name].notna().any() for table in per_layer)
     ]
 
 
