@@ -58,7 +58,7 @@ def run_on_ray(
         index = {ref: position for position, ref in enumerate(refs)}
         results: list[Any] = [None] * len(refs)
         pending = list(refs)
-        with tqdm(total=len(refs), desc=f"{what}s (ray)", disable=not progress) as bar:
+        with tqdm(total=len(refs), desc=f"{what} tasks (ray)", disable=not progress) as bar:
             while pending:
                 ready, pending = ray.wait(pending, num_returns=1)
                 position = index[ready[0]]
@@ -68,7 +68,7 @@ def run_on_ray(
                 except ray.exceptions.WorkerCrashedError as err:  # killed (out of memory?) more often than retried
                     raise PosleakError(
                         f"a Ray worker died running {what} {names[position]} and Ray gave up retrying it; "
-                        f"finished {what}s are kept: rerun the same command to resume"
+                        "what finished is kept: rerun the same command to resume"
                     ) from err
                 bar.update()
         return results
