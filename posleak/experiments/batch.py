@@ -26,7 +26,6 @@ every node can write (a shared file system).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -34,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
 from posleak.analyze import (
     AnalysisResult,
@@ -51,6 +49,7 @@ from posleak.compare import compare_runs
 from posleak.data.batches import TokenBatch
 from posleak.device import Placement
 from posleak.errors import BadInput, PosleakError
+from posleak.gridfile import check_grid, grid_points, read_mapping
 from posleak.intervene import Interventions
 from posleak.models.load import LoadedModel
 from posleak.report.runfolder import RunFolder
@@ -176,17 +175,8 @@ class BatchSpec:
 
     @classmethod
     def read(cls, path: str | Path) -> BatchSpec:
-        path = Path(path)
-        if not path.is_file():
-            raise PosleakError(f"batch file '{path}' does not exist; pass a YAML file (see posleak.experiments.batch)")
-        try:
-            raw = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as err:
-            reason = " ".join(str(err).split())  # YAML's message spans lines and points with a caret
-            raise PosleakError(f"batch file '{path}' is not valid YAML ({reason}); fix the file") from err
-        if not isinstance(raw, dict):
-            raise PosleakError(f"batch file '{path}' is not a mapping of sections; write name, models, base, grid")
-        return cls.from_dict(raw, default_name=path.stem)
+        raw = read_mapping(path, "batch file", "posleak.experiments.batch", "name, models, base, grid")
+        return cls.from_dict(raw, default_name=Path(path).stem)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], default_name: str = "batch") -> BatchSpec:
@@ -204,18 +194,14 @@ class BatchSpec:
                     f"batch {section} has unknown options {bad}; use analyze options "
                     f"{sorted(CONFIG_KEYS | INTERVENTION_KEYS)}"
                 )
-        for key, values in grid.items():
-            if not isinstance(values, list) or not values:
-                raise PosleakError(f"batch grid '{key}' must be a non-empty list of values")
+        check_grid("batch", grid)
         return cls(str(raw.get("name", default_name)), tuple(models), base, grid)
 
     def jobs(self, out: Path) -> list[AnalysisJob]:
         """Every model × grid point, in model order then grid order."""
-        keys = list(self.grid)
         jobs = []
         for model in self.models:
-            for values in itertools.product(*(self.grid[key] for key in keys)):
-                point = dict(zip(keys, values, strict=True))
+            for point in grid_points(self.grid):
                 options = {**self.base, **point}
                 interventions = Interventions(**{k: v for k, v in options.items() if k in INTERVENTION_KEYS})
                 config = AnalyzeConfig(

@@ -30,7 +30,6 @@ then be a folder every node can write (a shared file system).
 
 from __future__ import annotations
 
-import itertools
 import multiprocessing
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -39,11 +38,11 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 from tqdm.auto import tqdm
 
 from posleak.backends import BACKENDS, run_on_ray
 from posleak.errors import PosleakError
+from posleak.gridfile import check_grid, grid_points, read_mapping
 from posleak.lab.config import LabSpec
 from posleak.lab.results import write_results
 from posleak.lab.trainer import TrainConfig
@@ -66,17 +65,8 @@ class SweepSpec:
 
     @classmethod
     def read(cls, path: str | Path) -> SweepSpec:
-        path = Path(path)
-        if not path.is_file():
-            raise PosleakError(f"sweep spec '{path}' does not exist; pass a YAML file (see posleak.lab.sweep)")
-        try:
-            raw = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as err:
-            reason = " ".join(str(err).split())  # YAML's message spans lines and points with a caret
-            raise PosleakError(f"sweep spec '{path}' is not valid YAML ({reason}); fix the file") from err
-        if raw is not None and not isinstance(raw, dict):
-            raise PosleakError(f"sweep spec '{path}' is not a mapping of sections; write name, base, grid, seeds, eval")
-        return cls.from_dict(raw if raw is not None else {}, default_name=path.stem)
+        raw = read_mapping(path, "sweep spec", "posleak.lab.sweep", "name, base, grid, seeds, eval")
+        return cls.from_dict(raw, default_name=Path(path).stem)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], default_name: str = "sweep") -> SweepSpec:
@@ -91,9 +81,7 @@ class SweepSpec:
                     f"sweep spec {section} has unknown options {bad}; use lab options {sorted(LAB_KEYS)} "
                     f"or training options {sorted(TRAIN_KEYS)} (seeds go in 'seeds')"
                 )
-        for key, values in grid.items():
-            if not isinstance(values, list) or not values:
-                raise PosleakError(f"sweep grid '{key}' must be a non-empty list of values")
+        check_grid("sweep", grid)
         seeds = raw.get("seeds", [0])
         if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
             raise PosleakError("sweep 'seeds' must be a non-empty list of integers")
@@ -107,10 +95,8 @@ class SweepSpec:
 
     def trials(self) -> list[Trial]:
         """Every grid point × seed, in grid order then seed order."""
-        keys = list(self.grid)
         trials = []
-        for values in itertools.product(*(self.grid[key] for key in keys)):
-            point = dict(zip(keys, values, strict=True))
+        for point in grid_points(self.grid):
             options = {**self.base, **point}
             name = ",".join(f"{key}={value}" for key, value in point.items()) or "base"
             spec = LabSpec(**{k: v for k, v in options.items() if k in LAB_KEYS})
