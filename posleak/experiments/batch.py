@@ -92,12 +92,7 @@ class AnalysisJob:
     half: int | None = None
 
     def sequences(self, models: ModelCache) -> TokenBatch:
-        plain = dataclasses.replace(self.config, interventions=Interventions())  # drawn before any intervention
-        loaded = models.get(self.model, Interventions(), self.config.placement)
-        if self.half is None:
-            return sequences_for(loaded, plain)
-        both = sequences_for(loaded, dataclasses.replace(plain, num_seqs=2 * plain.num_seqs))
-        return half(both, self.half)
+        return draw_sequences(models, self.model, self.config, self.half)
 
     def resources(self) -> dict[str, float]:
         """What one Ray task of this job asks for."""
@@ -106,6 +101,16 @@ class AnalysisJob:
     def finished(self) -> bool:
         """Whether its folder holds this analysis, finished (by the model and options it recorded)."""
         return finished_here(RunFolder(self.out), self.model, self.config)
+
+
+def draw_sequences(models: ModelCache, model: str, config: AnalyzeConfig, half_index: int | None) -> TokenBatch:
+    """The sequences of `config` for `model`, drawn before any intervention; `half_index` 0 or 1: 2·num_seqs
+    drawn once and their first or second half (see `AnalysisJob`)."""
+    plain = dataclasses.replace(config, interventions=Interventions())
+    loaded = models.get(model, Interventions(), config.placement)
+    if half_index is None:
+        return sequences_for(loaded, plain)
+    return half(sequences_for(loaded, dataclasses.replace(plain, num_seqs=2 * plain.num_seqs)), half_index)
 
 
 def half(batch: TokenBatch, index: int) -> TokenBatch:

@@ -32,7 +32,7 @@ from posleak.data.batches import TokenBatch, iter_batches
 from posleak.device import Placement
 from posleak.errors import BadInput
 from posleak.experiments import claims as criteria
-from posleak.experiments.batch import AnalysisJob, ModelCache, run_analyses
+from posleak.experiments.batch import AnalysisJob, ModelCache, draw_sequences, run_analyses
 from posleak.experiments.claims import Claim, Judgement, LabRuns
 from posleak.experiments.evidence import Estimate, depth_slope, percent_change
 from posleak.intervene import Interventions
@@ -156,7 +156,7 @@ class Reproduction:
         return AnalysisJob(f"{name}-{sample}", model, config, folder, half=SAMPLES.index(sample))
 
     def sample(self, model: str, config: AnalyzeConfig, sample: str) -> TokenBatch:
-        return self.job("sample", model, config, sample).sequences(self.models)
+        return draw_sequences(self.models, model, config, SAMPLES.index(sample))
 
     def run(self, jobs: dict[str, AnalysisJob]) -> dict[str, AnalysisResult]:
         """The result of every job, by its key: finished ones read back, the others run on the backend."""
