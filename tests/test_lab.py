@@ -371,7 +371,7 @@ def test_mixed_precision_training_runs_in_its_dtype_resumes_exactly_and_is_its_o
     base = TrainConfig(steps=8, seq_len=16, batch_size=4, warmup_steps=2, eval_every=4, checkpoint_every=3)
     mixed = replace(base, dtype=dtype)
     model = build_lab_model(spec.config(VOCAB, 64, 0, 1), seed=0)
-    with mixed.precision():
+    with mixed.precision(torch.device("cpu")):
         logits = model(input_ids=torch.randint(VOCAB, (2, 16))).logits
     assert logits.dtype == getattr(torch, dtype) and model.lm_head.weight.dtype == torch.float32
 

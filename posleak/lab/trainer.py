@@ -135,11 +135,11 @@ class TrainConfig:
     def placement(self) -> Placement:
         return Placement(self.device, self.dtype)
 
-    def precision(self) -> AbstractContextManager[Any]:
-        """The forward passes' autocast for a mixed-precision dtype (nothing for float32)."""
+    def precision(self, device: torch.device) -> AbstractContextManager[Any]:
+        """The forward passes' autocast on `device` for a mixed-precision dtype (nothing for float32)."""
         if self.dtype == "float32":
             return nullcontext()
-        return torch.autocast(self.placement.torch_device().type, dtype=self.placement.torch_dtype())
+        return torch.autocast(device.type, dtype=self.placement.torch_dtype())
 
     def to_dict(self) -> dict[str, Any]:
         """The run's identity: the options that change its result (module docstring)."""
@@ -340,7 +340,7 @@ def _train(spec: LabSpec, config: TrainConfig, out: Path, until: int | None, pro
             for group in optimizer.param_groups:
                 group["lr"] = config.lr_at(step)
             ids, keep = batches(step)
-            with config.precision():
+            with config.precision(device):  # the device resolved once, not probed every step
                 loss = token_losses(model, ids.to(device))[keep.to(device)].mean()
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
