@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -118,6 +119,24 @@ def test_stdlib_corpus_ignores_stdlib_functions_replaced_by_a_library(stdlib: Co
     doc = "import inspect; print(len(inspect.getdoc(inspect.isgenerator)))"
     length = subprocess.run([sys.executable, "-c", doc], capture_output=True, text=True, check=True).stdout
     assert int(length) >= MIN_DOCSTRING_CHARS
+
+
+def test_stdlib_corpus_is_not_shadowed_by_files_named_like_stdlib_modules(stdlib: Corpus, tmp_path: Path) -> None:
+    """A script whose folder holds `nntplib.py` (a stdlib module) and `nt.py` (a stdlib name of another platform)
+    builds the same corpus, and neither file is imported: the stdlib is searched first and a stand-in is
+    refused before it runs."""
+    marker = tmp_path / "imported"
+    for name in ("nntplib", "nt"):
+        shadow = '"""' + "A module that is not the standard library's. " * 12 + '"""\n'
+        (tmp_path / f"{name}.py").write_text(shadow + f"open({str(marker)!r}, 'a').write({name!r})\n")
+    script = tmp_path / "build_corpus.py"  # its folder comes first on its path
+    script.write_text("from posleak.data.corpus import load_corpus\nprint(load_corpus().fingerprint)\n")
+    root = str(Path(__file__).resolve().parents[1])  # posleak, whether installed or not
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", ""), "PYTHONPATH": root}
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True, env=env)
+    assert run.stdout.strip() == stdlib.fingerprint
+    assert not marker.exists()
+    assert any("NNTP" in doc for doc in stdlib.documents)  # so the stand-in would have changed the corpus
 
 
 def test_file_folder_and_jsonl_specs(tmp_path: Path) -> None:

@@ -125,17 +125,20 @@ def stdlib_corpus() -> Corpus:
 
 
 def _stdlib_documents() -> list[str]:
-    """`_collect_stdlib_documents()` run in a fresh interpreter with this one's import path.
+    """`_collect_stdlib_documents()` run in a fresh interpreter that reaches posleak through this one's path.
 
     Not here: a library this process has imported may have replaced a stdlib function by its own (importing Ray
     replaces inspect.isgenerator, so every Ray worker has), which `_defined_in` then skips, and the corpus, the
-    lab's tokenizer and every sequence cut from it would differ between processes.
+    lab's tokenizer and every sequence cut from it would differ between processes. This process's path is
+    appended after the standard library's (`-P`, no PYTHONPATH), so that a script's folder holding a file named
+    like a stdlib module cannot stand in for it.
     """
     code = (
-        "import json, sys; from posleak.data.corpus import _collect_stdlib_documents as c; json.dump(c(), sys.stdout)"
+        f"import sys; sys.path.extend({[path for path in sys.path if path]!r}); import json; "
+        "from posleak.data.corpus import _collect_stdlib_documents as c; json.dump(c(), sys.stdout)"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    fresh = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    fresh = subprocess.run([sys.executable, "-P", "-c", code], env=env, capture_output=True, text=True, check=True)
     return json.loads(fresh.stdout)  # ASCII: json escapes the rest
 
 
@@ -175,12 +178,12 @@ def _quiet() -> Iterator[None]:
 
 def _module_docstrings(module_name: str) -> list[str]:
     """The cleaned docstrings of a module, its public classes and functions, and their methods."""
+    if not _found_in_stdlib(module_name):
+        return []
     with _quiet():
         try:
             module = importlib.import_module(module_name)
-        except Exception:  # platform modules (winreg on Linux) and optional C extensions
-            return []
-        if not _is_in_stdlib(module):
+        except Exception:  # optional C extensions whose libraries are missing
             return []
         raw = [module.__doc__]
         for name, obj in sorted(vars(module).items()):
@@ -192,11 +195,20 @@ def _module_docstrings(module_name: str) -> list[str]:
     return [inspect.cleandoc(doc) for doc in raw if isinstance(doc, str)]
 
 
-def _is_in_stdlib(module: Any) -> bool:
-    # A site-packages shim can stand in for a stdlib name (setuptools' distutils); built-in modules
-    # have no file.
-    file = getattr(module, "__file__", None)
-    return file is None or Path(file).resolve().is_relative_to(Path(sysconfig.get_paths()["stdlib"]).resolve())
+def _found_in_stdlib(module_name: str) -> bool:
+    """Whether the import system finds `module_name` in the standard library (built in, frozen, or a file
+    under its folder), asked before importing it: a file or folder of that name earlier on the path (a
+    script's `test.py`, or `nt.py` where the platform has no `nt`) and a site-packages shim for a stdlib
+    name (setuptools' distutils) are neither imported nor read."""
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return False
+    if spec is None or spec.origin is None:  # not found, or a namespace package: none in the stdlib
+        return False
+    if spec.origin in ("built-in", "frozen"):
+        return True
+    return Path(spec.origin).resolve().is_relative_to(Path(sysconfig.get_paths()["stdlib"]).resolve())
 
 
 def _defined_in(obj: object, module_name: str) -> bool:
