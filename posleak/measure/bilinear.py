@@ -31,6 +31,12 @@ from posleak.measure.offset_blocks import offset_block, reverse_keys
 _ROWS = 64
 # Complex elements of one chunk of spectra in the FFT column sums.
 _FFT_CHUNK = 1 << 19
+# Positions per Gram block (a multiple of D): the full blocks' products against the partial blocks' logits.
+_GRAM_BLOCK_WIDTH = 128
+# Logits of the partial Gram blocks formed at once (KV·a·G·N·b²): a few MB.
+_PARTIAL_ELEMENTS = 1 << 20
+# Rows of a block of the tables' single-logit offsets (the exact grid's are T wide).
+_TABLE_ROWS = 128
 
 
 def inclusive_sums(values: torch.Tensor, block: int = 64) -> torch.Tensor:
@@ -83,6 +89,17 @@ def row_sums(stacked: Stacked, window: int | None) -> tuple[torch.Tensor, torch.
             rows[k, :, :, i0:i1] = product.view(kv, groups, i1 - i0, num_seqs, -1).sum(-1)
     rows = rows.permute(0, 4, 1, 2, 3).reshape(2, num_seqs, kv * groups, seq_len)  # Σ_j s_ij and Σ_j j·s_ij
     return rows[0], (position * rows[0] - rows[1]).sum(0)
+
+
+def logits_with_key(stacked: Stacked, key: int) -> torch.Tensor:
+    """s_{i,key} of every query i (valid or not), (N, H, T): q_i against one key, in chunks of rows whose
+    temporaries stay in cache (4× faster than one pass)."""
+    kv, groups, seq_len, num_seqs, _ = stacked.stacked_query.shape
+    key_vectors = stacked.stacked_keys[:, None, None, key]  # (KV, 1, 1, N, D)
+    out = torch.empty(kv, groups, seq_len, num_seqs, dtype=torch.float64)
+    for i0 in range(0, seq_len, _ROWS):
+        out[:, :, i0 : i0 + _ROWS] = (stacked.stacked_query[:, :, i0 : i0 + _ROWS] * key_vectors).sum(-1)
+    return out.permute(3, 0, 1, 2).reshape(num_seqs, kv * groups, seq_len)
 
 
 def column_sums(stacked: Stacked, boundaries: tuple[int, ...], span: int) -> torch.Tensor:
@@ -195,21 +212,22 @@ class Stacked:
 def gram(stacked: Stacked, window: int | None, boundaries: tuple[int, ...]) -> torch.Tensor:
     """Σ_{i∈S} Σ_j s^n_ij s^{n'}_ij per segment S and head, (S, H, N, N), in O(T·(N·D)²) (module docstring)."""
     kv, groups, seq_len, num_seqs, dim = stacked.stacked_query.shape
-    block = max(32, dim)
+    block = max(32, _GRAM_BLOCK_WIDTH // dim * dim)
     blocks = -(-seq_len // block)
     padded = blocks * block
     segments = len(boundaries) - 1
     out = torch.zeros(segments, kv, groups, num_seqs, num_seqs, dtype=torch.float64)
     stacked_q = _pad_positions(stacked.stacked_query, padded, dim=2)  # (KV, G, T', N, D)
     stacked_k = _pad_positions(stacked.stacked_keys, padded, dim=1)  # (KV, T', N, D)
+    positions = torch.arange(padded).clamp(max=seq_len - 1)  # padding rows: zero q, any segment
+    segment_of = torch.bucketize(positions, torch.tensor(boundaries), right=True) - 1
     sq = stacked_q.view(kv, groups, blocks, block, num_seqs * dim)
     sk = stacked_k.view(kv, blocks, block, num_seqs * dim)
-    _add_full_blocks(out, sq, sk, window, boundaries, num_seqs)
-    # per block, the G query heads of a KV head as one matrix: (N, KV, A, G·b, D) against keys (N, KV, A, b, D)
-    q_blocks = stacked_q.view(kv, groups, blocks, block, num_seqs, dim).permute(4, 0, 2, 1, 3, 5)
-    q_blocks = q_blocks.reshape(num_seqs, kv, blocks, groups * block, dim)
-    k_blocks = stacked_k.view(kv, blocks, block, num_seqs, dim).permute(3, 0, 1, 2, 4)
-    _add_partial_blocks(out, q_blocks, k_blocks, window, boundaries)
+    _add_full_blocks(out, sq, sk, window, segment_of.view(blocks, block), num_seqs)
+    # per block, the N sequences of each query head side by side: (KV, A, G, N, b, D) against keys (KV, A, 1, N, D, b)
+    q_blocks = stacked_q.view(kv, groups, blocks, block, num_seqs, dim).permute(0, 2, 1, 4, 3, 5)
+    k_blocks = stacked_k.view(kv, blocks, block, num_seqs, dim).permute(0, 1, 3, 4, 2).unsqueeze(2)
+    _add_partial_blocks(out, q_blocks, k_blocks, window, segment_of.view(blocks, block))
     return out.view(segments, kv * groups, num_seqs, num_seqs)
 
 
@@ -218,19 +236,20 @@ def _add_full_blocks(
     sq: torch.Tensor,
     sk: torch.Tensor,
     window: int | None,
-    boundaries: tuple[int, ...],
+    segment_of: torch.Tensor,
     num_seqs: int,
 ) -> None:
     """The pairs of query block α with the key blocks β ∈ [full_lo(α), α) all of whose pairs are valid:
     ⟨Σ_{i∈α} Q_i Q_iᵀ, Σ_β Σ_{j∈β} K_j K_jᵀ⟩ per pair of sequences, the key Grams summed by a running prefix
-    (and, under a window, the prefixes still needed). One block at a time keeps the W × W products in cache;
-    a block that straddles a segment boundary is split by rows."""
+    (and, under a window, the prefixes still needed). Both Grams are symmetric, so only the blocks of sequence
+    pairs n ≤ n' are formed (10 of 16 for N = 4) and the result is mirrored. One block at a time keeps the
+    products in cache; a block that straddles a segment boundary (`segment_of`, (A, b)) is split by rows."""
     kv, groups, blocks, block, width = sq.shape
     dim = width // num_seqs
     whole = blocks if window is None else window // block  # key blocks α − whole + 1 .. α − 1 are all valid
-    positions = torch.arange(blocks * block).clamp(max=boundaries[-1] - 1)  # padding rows: zero q, any segment
-    segment_of = torch.bucketize(positions, torch.tensor(boundaries), right=True) - 1
-    running = torch.zeros(kv, width, width, dtype=torch.float64)  # at block α: Σ_{β < α} K-Gram
+    upper = torch.zeros(out.shape[1:], dtype=torch.float64)  # (KV, G, N, N): pairs n ≤ n' of every segment
+    upper = upper.expand(out.shape[0], *upper.shape).clone()
+    running = torch.zeros(kv, width, width, dtype=torch.float64)  # at block α: Σ_{β < α} K-Gram, rows n ≤ cols n'
     history: dict[int, torch.Tensor] = {}  # β → Σ_{β' < β} K-Gram, kept for block β + whole − 1 (windows)
     for alpha in range(blocks):
         if window is not None and whole >= 2 and alpha >= 1:
@@ -238,14 +257,19 @@ def _add_full_blocks(
         full_lo = min(max(alpha + 1 - whole, 0), alpha)
         if full_lo < alpha:
             key_part = running if full_lo == 0 else running - history.pop(full_lo)
-            key_part = key_part.view(kv, 1, num_seqs, dim, num_seqs, dim)
-            rows_segment = segment_of[alpha * block : (alpha + 1) * block]
+            rows_segment = segment_of[alpha]
             for s in rows_segment.unique().tolist():  # one segment unless a boundary falls inside the block
                 part = sq[:, :, alpha] if rows_segment[0] == rows_segment[-1] else sq[:, :, alpha, rows_segment == s]
-                query_gram = (part.mT @ part).view(kv, groups, num_seqs, dim, num_seqs, dim)
-                out[s] += (query_gram * key_part).sum(-1).sum(3)  # the contiguous sum first: fastest
+                for n in range(num_seqs):
+                    own = slice(n * dim, (n + 1) * dim)
+                    query_gram = (part[..., own].mT @ part[..., n * dim :]).view(kv, groups, dim, -1, dim)
+                    keys = key_part[:, own, n * dim :].view(kv, 1, dim, -1, dim)
+                    upper[s, :, :, n, n:] += (query_gram * keys).sum(-1).sum(2)  # the contiguous sum first: fastest
         if alpha + 1 < blocks:
-            running += sk[:, alpha].mT @ sk[:, alpha]
+            for n in range(num_seqs):
+                own = slice(n * dim, (n + 1) * dim)
+                running[:, own, n * dim :] += sk[:, alpha, :, own].mT @ sk[:, alpha, :, n * dim :]
+    out += upper.triu() + upper.triu(1).mT
 
 
 def _add_partial_blocks(
@@ -253,33 +277,35 @@ def _add_partial_blocks(
     q_blocks: torch.Tensor,
     k_blocks: torch.Tensor,
     window: int | None,
-    boundaries: tuple[int, ...],
+    segment_of: torch.Tensor,
 ) -> None:
     """The key blocks that mix valid and invalid pairs with query block α: the diagonal block and, under a
-    window, the blocks at the window's edge. Their logits are formed (the G query heads of a KV head as one
-    product per block: `q_blocks` (N, KV, A, G·b, D) against `k_blocks` (N, KV, A, b, D)), the invalid ones
-    zeroed by triangles, and multiplied per pair of sequences row by row."""
-    num_seqs, kv, blocks, block = k_blocks.shape[:4]
-    groups = q_blocks.shape[3] // block
-    padded = blocks * block
+    window, the blocks at the window's edge. Their logits are formed, a few query blocks at a time (`q_blocks`
+    (KV, A, G, N, b, D) against `k_blocks` (KV, A, 1, N, D, b)), the invalid ones zeroed by triangles, and
+    multiplied per pair of sequences over the whole block (row by row where it straddles a segment boundary)."""
+    kv, blocks, groups, num_seqs, block = q_blocks.shape[:5]
     whole = blocks if window is None else window // block
     near = [0] if window is None else [0, *range(max(whole, 1), (window + block - 2) // block + 1)]
-    per_row = torch.zeros(kv, blocks, groups, block, num_seqs, num_seqs, dtype=torch.float64)
+    straddles = segment_of[:, 0] != segment_of[:, -1]
+    step = max(1, _PARTIAL_ELEMENTS // (kv * groups * num_seqs * block * block))
     for delta in near:
-        if delta >= blocks:
-            continue
-        keys_at = k_blocks[:, :, torch.arange(blocks).sub(delta).clamp(min=0)]
-        logits = (q_blocks @ keys_at.mT).view(num_seqs, kv, blocks, groups, block, block)  # row r, key column c
-        logits[:, :, :delta] = 0  # key block before position 0
-        if delta == 0:
-            logits.tril_()  # j ≤ i
-        if window is not None:
-            logits.triu_(delta * block - window + 1)  # i − j = δ·b + r − c < W
-        rows = logits.permute(1, 2, 3, 4, 0, 5).reshape(-1, num_seqs, block)
-        per_row += (rows @ rows.mT).view(per_row.shape)
-    per_row = per_row.transpose(1, 2).reshape(kv, groups, padded, num_seqs, num_seqs)
-    for s in range(len(boundaries) - 1):
-        out[s] += per_row[:, :, boundaries[s] : boundaries[s + 1]].sum(2)
+        for a0 in range(delta, blocks, step):  # blocks before δ would need keys before position 0
+            a1 = min(blocks, a0 + step)
+            logits = q_blocks[:, a0:a1] @ k_blocks[:, a0 - delta : a1 - delta]  # (KV, a, G, N, r, c)
+            if delta == 0:
+                logits.tril_()  # j ≤ i
+            if window is not None:
+                logits.triu_(delta * block - window + 1)  # i − j = δ·b + r − c < W
+            flat = logits.flatten(-2)
+            whole_block = flat @ flat.mT  # (KV, a, G, N, N)
+            for alpha in range(a0, a1):
+                if not straddles[alpha]:
+                    out[segment_of[alpha, 0]] += whole_block[:, alpha - a0]
+                    continue
+                rows = logits[:, alpha - a0].transpose(-3, -2)  # (KV, G, r, N, c)
+                per_row = rows @ rows.mT  # (KV, G, r, N, N)
+                for s in segment_of[alpha].unique().tolist():
+                    out[s] += per_row[:, :, segment_of[alpha] == s].sum(2)
 
 
 def _pad_positions(values: torch.Tensor, length: int, dim: int) -> torch.Tensor:
@@ -293,32 +319,37 @@ def _pad_positions(values: torch.Tensor, length: int, dim: int) -> torch.Tensor:
 
 
 def table_sums(stacked: Stacked, window: int | None, grid: Grid) -> torch.Tensor:
-    """Σ over sequences and each cell's valid pairs of s, (H, bins, bins) indexed (query bin, offset bin)."""
-    query, keys = stacked.query, stacked.keys
-    _, kv, groups, seq_len, _ = query.shape
+    """Σ over sequences and each cell's valid pairs of s, (H, bins, bins) indexed (query bin, offset bin).
+    The sequences are summed inside every product, over the stacked N·D."""
+    stacked_q, stacked_k = stacked.wide_query, stacked.wide_keys  # (KV, G, T, N·D), (KV, T, N·D)
+    kv, groups, seq_len, _ = stacked_q.shape
     heads, bins = kv * groups, grid.num_bins
     span = min(seq_len, window or seq_len)
     near = min(grid.linear_bins, span)
     query_bin = grid.bin_of_position
     dense = torch.zeros(heads, bins, bins, dtype=torch.float64)
-    reversed_keys = reverse_keys(keys, span)
-    for q0 in range(0, seq_len, near):  # blocks of `near` rows: half of each product is used
-        q1 = min(seq_len, q0 + near)
-        logits = offset_block(query, reversed_keys, q0, q1, near, None).sum(0)  # (H, rows, offsets < near)
+    # offsets below `near`: single logits, from blocks of rows in offset order (at least half of each product
+    # is used; the rows are capped so that the exact grid's blocks stay a few MB)
+    reversed_keys = reverse_keys(stacked_k, span)[None]
+    rows = min(near, _TABLE_ROWS)
+    for q0 in range(0, seq_len, rows):
+        q1 = min(seq_len, q0 + rows)
+        logits = offset_block(stacked_q[None], reversed_keys, q0, q1, near, None)[0]  # (H, rows, offsets < near)
         dense[..., : logits.shape[-1]].index_add_(1, query_bin[q0:q1], logits)
     if near >= span:
         return dense  # no far offsets
     # far bins: with K[p] = Σ_{j<p} k_j, the sum over a far bin's valid offsets is q_i·K[p(i, first)] −
     # q_i·K[p(i, first of the next bin)] where p(i, e) = max(0, i − min(e, W) + 1) clips to query i's first
     # valid key; for each edge e that is q_i against K shifted by min(e, W) − 1 positions (K[0] = 0, so
-    # clamping below 0 adds nothing). The sequences are summed inside the product, over the stacked N·D.
+    # clamping below 0 adds nothing, and edges whose shift passes every row of a chunk are left out).
     shifts = torch.clamp(torch.tensor(grid.edges[near:]), max=span) - 1
-    stacked_q, stacked_prefix = stacked.wide_query, prefix_sums(stacked.wide_keys)  # (KV, G, T, N·D), (KV, T + 1, N·D)
+    stacked_prefix = prefix_sums(stacked_k)  # (KV, T + 1, N·D)
     chunk = 32  # rows whose gathered prefixes stay in cache
     for c0 in range(0, seq_len, chunk):
         c1 = min(seq_len, c0 + chunk)
-        index = torch.clamp(torch.arange(c0, c1)[:, None] - shifts[None, :], min=0)  # (rows, E)
-        at_edges = stacked_q[:, :, c0:c1].transpose(1, 2) @ stacked_prefix[:, index].mT  # (KV, rows, G, E)
+        reached = min(len(shifts), int(torch.searchsorted(shifts, c1 - 1)) + 1)  # edges past it add 0
+        index = torch.clamp(torch.arange(c0, c1)[:, None] - shifts[None, :reached], min=0)  # (rows, E')
+        at_edges = stacked_q[:, :, c0:c1].transpose(1, 2) @ stacked_prefix[:, index].mT  # (KV, rows, G, E')
         far = (at_edges[..., :-1] - at_edges[..., 1:]).permute(0, 2, 1, 3).reshape(heads, c1 - c0, -1)
         dense[..., near : near + far.shape[-1]].index_add_(1, query_bin[c0:c1], far)
     return dense

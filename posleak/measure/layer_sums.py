@@ -181,9 +181,7 @@ def _sink_scores(stacked: bilinear.Stacked, capture: LayerCapture) -> torch.Tens
     """α₀ per head, (H,): the mean over sequences and queries i ≥ 1 of a_{i,0}, the attention on key 0
     (0 where a window hides key 0; for sigmoid attention the gate σ(s_{i,0}))."""
     facts = capture.facts
-    key0 = stacked.stacked_keys[:, 0]  # (KV, N, D)
-    logits = torch.einsum("kgtnd,knd->nkgt", stacked.stacked_query, key0).flatten(1, 2)  # (N, H, T)
-    logits = soft_cap(logits, facts.softcap)
+    logits = soft_cap(bilinear.logits_with_key(stacked, 0), facts.softcap)
     visible = facts.mask.valid(torch.arange(capture.seq_len), torch.zeros((), dtype=torch.long))
     weight = torch.sigmoid(logits) if facts.norm == "sigmoid" else torch.exp(logits - capture.log_z.double())
     return (weight * visible)[:, :, 1:].mean(dim=(0, 2))
