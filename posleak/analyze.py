@@ -60,6 +60,8 @@ EXACT_TABLES_UP_TO = 256
 MIN_SEQS = 2
 MAX_RESAMPLES = 100_000  # percentile intervals settle long before; each resample holds N weights in memory
 SEEDS = 2**32
+# glibc's largest dynamic mmap threshold on 64-bit systems (DEFAULT_MMAP_THRESHOLD_MAX): see _freed_memory_kept
+_MMAP_CEILING = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -453,9 +455,14 @@ def _measure(
 @contextmanager
 def _freed_memory_kept() -> Iterator[None]:
     """Let glibc keep freed memory in the heap for reuse while the layers are measured. Each layer allocates
-    and frees the same large temporaries; handed back to the system (glibc's default for blocks over 128 KB),
-    they fault in page by page again for the next layer, a quarter of the measurement's time. The defaults
-    come back afterwards; elsewhere than glibc this does nothing."""
+    and frees the same large temporaries; handed back to the system, they fault in page by page again for the
+    next layer, a quarter of the measurement's time. Elsewhere than glibc this does nothing.
+
+    glibc cannot go back to its dynamic thresholds once they are set (its first default, 128 KB, rises to the
+    size of each mapped block freed, up to 32 MB, with the trim threshold at twice that). Pinned at 128 KB they
+    would map every later block over 128 KB afresh, slowing every forward after the first analysis (the
+    benchmark's plain forwards and the next analysis by 10 to 15 %); so afterwards they stay where the dynamic
+    ones end in a process that frees large blocks: 32 MB and 64 MB."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (AttributeError, OSError):
@@ -465,13 +472,12 @@ def _freed_memory_kept() -> Iterator[None]:
     # Blocks up to 32 MB come from the heap and stay there; larger ones are mapped and handed back, so that
     # what the heap keeps cannot fragment into more than the largest layer's temporaries (T = 8192: a heap
     # that kept everything grew by 35 MB a layer, 1 GB over smollm2's 30 layers)
-    mallopt(mmap, 32 << 20)
+    mallopt(mmap, _MMAP_CEILING)
     mallopt(trim, 256 << 20)
     try:
         yield
     finally:
-        mallopt(mmap, 128 * 1024)
-        mallopt(trim, 128 * 1024)
+        mallopt(trim, 2 * _MMAP_CEILING)
 
 
 class LayerProgress:
