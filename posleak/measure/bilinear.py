@@ -20,6 +20,7 @@ materialises those.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -247,8 +248,7 @@ def _add_full_blocks(
     kv, groups, blocks, block, width = sq.shape
     dim = width // num_seqs
     whole = blocks if window is None else window // block  # key blocks α − whole + 1 .. α − 1 are all valid
-    upper = torch.zeros(out.shape[1:], dtype=torch.float64)  # (KV, G, N, N): pairs n ≤ n' of every segment
-    upper = upper.expand(out.shape[0], *upper.shape).clone()
+    upper = torch.zeros_like(out)  # (S, KV, G, N, N): the pairs n ≤ n'
     running = torch.zeros(kv, width, width, dtype=torch.float64)  # at block α: Σ_{β < α} K-Gram, rows n ≤ cols n'
     history: dict[int, torch.Tensor] = {}  # β → Σ_{β' < β} K-Gram, kept for block β + whole − 1 (windows)
     for alpha in range(blocks):
@@ -260,16 +260,23 @@ def _add_full_blocks(
             rows_segment = segment_of[alpha]
             for s in rows_segment.unique().tolist():  # one segment unless a boundary falls inside the block
                 part = sq[:, :, alpha] if rows_segment[0] == rows_segment[-1] else sq[:, :, alpha, rows_segment == s]
-                for n in range(num_seqs):
-                    own = slice(n * dim, (n + 1) * dim)
-                    query_gram = (part[..., own].mT @ part[..., n * dim :]).view(kv, groups, dim, -1, dim)
-                    keys = key_part[:, own, n * dim :].view(kv, 1, dim, -1, dim)
+                for n, (rows, cols), query_gram in _pair_blocks(part, num_seqs):
+                    query_gram = query_gram.view(kv, groups, dim, -1, dim)
+                    keys = key_part[:, rows, cols].view(kv, 1, dim, -1, dim)
                     upper[s, :, :, n, n:] += (query_gram * keys).sum(-1).sum(2)  # the contiguous sum first: fastest
         if alpha + 1 < blocks:
-            for n in range(num_seqs):
-                own = slice(n * dim, (n + 1) * dim)
-                running[:, own, n * dim :] += sk[:, alpha, :, own].mT @ sk[:, alpha, :, n * dim :]
+            for _, (rows, cols), key_gram in _pair_blocks(sk[:, alpha], num_seqs):
+                running[:, rows, cols] += key_gram
     out += upper.triu() + upper.triu(1).mT
+
+
+def _pair_blocks(x: torch.Tensor, num_seqs: int) -> Iterator[tuple[int, tuple[slice, slice], torch.Tensor]]:
+    """The blocks of xᵀx (x: (..., rows, N·D)) for sequence n against sequences n' ≥ n, one n at a time:
+    n, the block's (rows, columns) in the N·D × N·D matrix, and the block (..., D, (N − n)·D)."""
+    dim = x.shape[-1] // num_seqs
+    for n in range(num_seqs):
+        rows, cols = slice(n * dim, (n + 1) * dim), slice(n * dim, None)
+        yield n, (rows, cols), x[..., rows].mT @ x[..., cols]
 
 
 def _add_partial_blocks(
