@@ -139,7 +139,13 @@ def main() -> None:
                     print(f"--- {name}, T = {seq_len}")
                     pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
         seconds = {name: statistics.median(t) for name, t in times.items()}
-        row = {"T": seq_len, "N": _config(seq_len).num_seqs, "seconds": seconds, "peak_mb_above_model": memory}
+        row = {
+            "T": seq_len,
+            "N": _config(seq_len).num_seqs,
+            "seconds": seconds,
+            "each_repeat": times,
+            "peak_mb_above_model": memory,
+        }
         if {"a_sdpa", "c_analyze"} <= seconds.keys():
             row["c/a"] = seconds["c_analyze"] / seconds["a_sdpa"]
             row["mem c/a"] = memory["c_analyze"] / memory["a_sdpa"]

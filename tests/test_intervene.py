@@ -19,7 +19,7 @@ from posleak.analyze import AnalysisResult, AnalyzeConfig, _sink_heads, analyze_
 from posleak.capture import AttentionEdits, CaptureSession, ResidualCapture, use_posleak_attention
 from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
-from posleak.intervene import Interventions
+from posleak.intervene import Interventions, behaviour
 from posleak.intervene.behaviour import behaviour_table
 from posleak.intervene.effect import effect_table, intervene
 from posleak.intervene.embedding import mean_embedding
@@ -443,9 +443,28 @@ def test_next_token_scores_equal_transformers_loss_with_eager_attention(family: 
     np.testing.assert_array_equal(result.tokens.sort_values(["seq", "pos"])["target"], ids[:, 1:].flatten())
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_next_token_scores_over_slices_of_the_vocabulary_equal_transformers_loss(
+    family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Logits formed in blocks of 7 rows × 9 words (running maximum, argmax and Σ exp across the slices) give
+    transformers' per-token loss and top-1 hits, Gemma 2's final soft-cap included."""
+    monkeypatch.setattr(behaviour, "_LOGIT_ROWS", 7)
+    monkeypatch.setattr(behaviour, "_LOGIT_ELEMENTS", 7 * 9)
+    model = use_posleak_attention(tiny_model(family))
+    ids = _ids(model, batch=2)
+    with torch.no_grad():
+        hidden = model.model(ids, use_cache=False).last_hidden_state
+    nll, hits = behaviour.next_token_scores(model, hidden, ids)
+    want_nll, want_hits, _ = _eager_scores(model, ids)
+    assert model.config.vocab_size > 9 and ids.shape[1] > 7  # several slices of words and blocks of rows
+    np.testing.assert_allclose(nll.numpy(), want_nll.numpy(), atol=1e-5)
+    np.testing.assert_array_equal(hits.numpy(), want_hits.numpy())
+
+
 @pytest.mark.slow
 def test_real_model_next_token_scores_equal_transformers_loss(smollm2: LoadedModel) -> None:
-    """The same on SmolLM2-135M (a 49,152-word output layer, formed in blocks of rows)."""
+    """The same on SmolLM2-135M (a 49,152-word output layer, formed a slice of the vocabulary at a time)."""
     batch = sequences_for(smollm2, AnalyzeConfig(seq_len=96, num_seqs=2))
     config = AnalyzeConfig(seq_len=96, num_seqs=2, batch_size=2, bootstrap=0)
     result = analyze_model(smollm2.model, batch, config, loaded=smollm2, progress=False)

@@ -14,6 +14,7 @@ BOS, T − 1 tokens) are aligned by the token predicted, not by position.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,8 +32,12 @@ TOKEN_COLUMNS = ("seq", "pos", "target", "nll", "correct")
 BUCKETS = ("first", "early", "middle", "late", "all")
 FIRST_TOKENS = 4  # queries 0..3: the predictions made with almost no context, where position 0 weighs most
 MEASURES = ("loss", "accuracy")
-# Rows of the output layer formed at once: bounds the (rows × vocabulary) logits block (~200 MB at 49k words).
-_LOGIT_ROWS = 1024
+# The output layer's logits are formed a block of (rows × words) at a time, 4M float32 (16 MB): small enough
+# for the allocator to reuse one block from its heap (a whole row of a 49k-word vocabulary, 200 MB per 1024
+# rows, was mapped afresh each time and cost a page fault every 4 KB), and with rows enough that the layer's
+# weights are read once per 2048 rows.
+_LOGIT_ROWS = 2048
+_LOGIT_ELEMENTS = 1 << 22
 
 
 @torch.no_grad()
@@ -40,22 +45,43 @@ def next_token_scores(
     model: PreTrainedModel, hidden: torch.Tensor, ids: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T − 1) cross-entropy (nats, float32) and top-1 hit of predicting ids[:, i + 1] from the final hidden
-    state at i, through the model's output layer and its final soft-cap (Gemma 2), as its causal-LM head does."""
+    state at i, through the model's output layer and its final soft-cap (Gemma 2), as its causal-LM head does.
+
+    The vocabulary is taken a slice at a time: a running maximum, argmax and rescaled Σ exp per row give
+    log Z = max + log Σ exp(logit − max), the loss log Z − logit[target], and the first word of highest logit
+    (as argmax over the whole row)."""
     head = model.get_output_embeddings()
-    if head is None:
-        raise ValueError(f"{type(model).__name__} has no output layer; next-token scores need a causal LM")
+    if not isinstance(head, torch.nn.Linear):
+        raise ValueError(f"{type(model).__name__} has no linear output layer; next-token scores need a causal LM")
     cap = getattr(model.config.get_text_config(decoder=True), "final_logit_softcapping", None)
     states = hidden[:, :-1].reshape(-1, hidden.shape[-1])
-    targets = ids[:, 1:].reshape(-1)
+    targets = ids[:, 1:].reshape(-1).to(states.device)
     nll = torch.empty(targets.shape, dtype=torch.float32)
     correct = torch.empty(targets.shape, dtype=torch.bool)
+    vocab = head.out_features
+    words = max(1, _LOGIT_ELEMENTS // min(_LOGIT_ROWS, max(1, targets.numel())))
     for start in range(0, targets.numel(), _LOGIT_ROWS):
         rows = slice(start, start + _LOGIT_ROWS)
-        logits = head(states[rows]).float()
-        if cap is not None:
-            logits = cap * torch.tanh(logits / cap)
-        nll[rows] = F.cross_entropy(logits, targets[rows], reduction="none")
-        correct[rows] = logits.argmax(-1) == targets[rows]
+        wanted = targets[rows]
+        top = torch.full(wanted.shape, -math.inf, device=states.device)
+        best = torch.zeros_like(wanted)
+        total = torch.zeros(wanted.shape, device=states.device)
+        picked = torch.zeros(wanted.shape, device=states.device)
+        for w0 in range(0, vocab, words):
+            w1 = min(vocab, w0 + words)
+            bias = None if head.bias is None else head.bias[w0:w1]
+            logits = F.linear(states[rows], head.weight[w0:w1], bias).float()
+            if cap is not None:
+                logits = cap * torch.tanh(logits / cap)
+            inside = (wanted >= w0) & (wanted < w1)
+            picked[inside] = logits[inside, wanted[inside] - w0]
+            block_top, block_best = logits.max(-1)
+            best = torch.where(block_top > top, block_best + w0, best)  # ties keep the earlier word
+            new_top = torch.maximum(top, block_top)
+            total = total * torch.exp(top - new_top) + logits.sub_(new_top[:, None]).exp_().sum(-1)
+            top = new_top
+        nll[rows] = top + torch.log(total) - picked
+        correct[rows] = best == wanted
     shape = (ids.shape[0], ids.shape[1] - 1)
     return nll.view(shape), correct.view(shape)
 
