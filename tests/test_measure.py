@@ -45,6 +45,7 @@ from posleak.measure import (
     percentile_interval,
     resample_weights,
 )
+from posleak.measure.components import _log_cumulative_sum_exp
 from posleak.measure.layer_sums import sum_layer
 from posleak.measure.regression import DesignMoments, delta_r2, running_sums
 
@@ -155,6 +156,9 @@ def test_bilinear_sums_against_materialised_logits(
             dim=-1,
         )
         torch.testing.assert_close(columns[s], by_offset, rtol=1e-10, atol=1e-9)
+        # each segment by FFT too: column_sums sums short ones directly and takes the largest as the rest
+        by_fft = bilinear._fft_columns(stacked.query, stacked.keys, lo, hi, span)
+        torch.testing.assert_close(by_fft.view_as(by_offset), by_offset, rtol=1e-10, atol=1e-9)
         flat = logits[:, :, lo:hi].transpose(0, 1).flatten(2)
         torch.testing.assert_close(gram[s], flat @ flat.mT, rtol=1e-10, atol=1e-9)
     grid = Grid(seq_len, linear_until=8, bins_per_octave=2)
@@ -165,6 +169,15 @@ def test_bilinear_sums_against_materialised_logits(
         for d in range(min(a, span - 1) + 1):
             expected[:, bins[a], bins[d]] += logits[:, :, a, a - d].sum(0)
     torch.testing.assert_close(table, expected, rtol=1e-10, atol=1e-9)
+
+
+@pytest.mark.parametrize("spread", [3.0, 900.0], ids=["shifted-exp", "underflow-fallback"])
+def test_log_cumulative_sum_exp_against_a_running_logaddexp(spread: float) -> None:
+    """m(i)'s log-sum-exp over offsets against numpy's running logaddexp, with logits spread narrowly (the
+    cumulative sums of shifted exponentials) and by hundreds of nats (where those would underflow)."""
+    g = np.random.default_rng(0).normal(size=(3, 4, 300)) * spread
+    expected = np.logaddexp.accumulate(g, axis=-1)
+    np.testing.assert_allclose(_log_cumulative_sum_exp(torch.tensor(g)).numpy(), expected, rtol=1e-12, atol=1e-12)
 
 
 # ------------------------------------------------------------------------ purely relative logits

@@ -128,18 +128,25 @@ class CellLayout:
         return self.cells_of(dense.index_add_(-2, self.grid.bin_of_position, weighted)) / self.count
 
     def offset_means(self, per_offset: torch.Tensor) -> torch.Tensor:
-        """Mean over each cell's valid pairs of a per-offset quantity: (..., W) → (..., C), float64.
+        """Mean over each cell's valid pairs of a per-offset quantity v: (..., W) → (..., C), float64.
 
-        Per query, the sum over a bin's valid offsets is a difference of prefix sums at the bin's edges
-        clipped to the query's reach."""
-        prefix = F.pad(per_offset.double().cumsum(-1), (1, 0))
-        edges = torch.tensor(self.grid.edges)
-        reach = self.max_offset[:, None] + 1
-        by_bin = (
-            prefix[..., torch.minimum(edges[None, 1:], reach)] - prefix[..., torch.minimum(edges[None, :-1], reach)]
-        )
-        dense = torch.zeros(*per_offset.shape[:-1], self.grid.num_bins, self.grid.num_bins, dtype=torch.float64)
-        return self.cells_of(dense.index_add_(-2, self.grid.bin_of_position, by_bin)) / self.count
+        Offset d is valid for query i when d ≤ min(i, W − 1), and v is defined for d < W only, so within query
+        bin [lo, hi) offset d is reached by hi − max(lo, d) queries (none from d = hi on). A cell's sum is then
+        Σ_d v(d)·(hi − max(lo, d)) over its offset bin: the offsets up to lo count hi − lo times each, those
+        past lo hi − d times, so two prefix sums (of v and of d·v) read at four points per cell give it."""
+        values = per_offset.double()
+        width = values.shape[-1]
+        sums = F.pad(values.cumsum(-1), (1, 0))  # V[x] = Σ_{d<x} v(d)
+        weighted = F.pad((values * torch.arange(width, dtype=torch.float64)).cumsum(-1), (1, 0))  # Σ_{d<x} d·v(d)
+        lo, hi = self.q_lo, self.q_hi + 1
+        first, end = self.d_lo.clamp(max=width), (self.d_hi + 1).clamp(max=width)
+        full_lo, full_hi = torch.minimum(first, lo + 1), torch.minimum(end, lo + 1)  # offsets d ≤ lo
+        part_lo = torch.maximum(first, lo + 1).clamp(max=width)  # offsets lo < d < hi
+        part_hi = torch.maximum(part_lo, torch.minimum(end, hi))
+        full = (hi - lo).double() * (sums[..., full_hi] - sums[..., full_lo])
+        partial = hi.double() * (sums[..., part_hi] - sums[..., part_lo])
+        partial -= weighted[..., part_hi] - weighted[..., part_lo]
+        return (full + partial) / self.count
 
 
 @lru_cache(maxsize=16)

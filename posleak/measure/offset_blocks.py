@@ -14,9 +14,11 @@ from posleak.capture.session import soft_cap
 
 
 def reverse_keys(keys: torch.Tensor, span: int) -> torch.Tensor:
-    """Keys (..., T, D) in reverse order, zero-padded by `span` positions past position 0."""
+    """Keys (..., T, D) in reverse order, zero-padded by `span` positions past position 0 (blocks of offsets
+    below `span` read no further)."""
     *lead, seq_len, dim = keys.shape
-    out = keys.new_zeros(*lead, seq_len + span, dim)
+    out = keys.new_empty(*lead, seq_len + span, dim)
+    out[..., seq_len:, :] = 0
     out[..., :seq_len, :] = keys.flip(-2)
     return out
 
