@@ -157,7 +157,7 @@ def test_bilinear_sums_against_materialised_logits(
         )
         torch.testing.assert_close(columns[s], by_offset, rtol=1e-10, atol=1e-9)
         # each segment by FFT too: column_sums sums short ones directly and takes the largest as the rest
-        by_fft = bilinear._fft_columns(stacked.query, stacked.keys, lo, hi, span)
+        by_fft = bilinear._fft_columns(stacked, lo, hi, span)
         torch.testing.assert_close(by_fft.view_as(by_offset), by_offset, rtol=1e-10, atol=1e-9)
         flat = logits[:, :, lo:hi].transpose(0, 1).flatten(2)
         torch.testing.assert_close(gram[s], flat @ flat.mT, rtol=1e-10, atol=1e-9)
