@@ -143,12 +143,14 @@ def measure_layer(capture: LayerCapture, spec: MeasureSpec) -> LayerResult:
         )
     ranges = spec.ranges
     sums = sum_layer(capture, segment_boundaries(spec.seq_len, ranges), spec.table_grid, spec.path)
-    moments = Moments.of(sums, ranges)
-    point = {
-        name: value[0] for name, value in moments.magnitudes(torch.ones(1, spec.num_seqs, dtype=torch.float64)).items()
-    }
+    # the point estimate is the weighting of all ones, computed with the distinct resamples in one pass
+    weights = torch.ones(1, spec.num_seqs, dtype=torch.float64)
     resampling = spec.resampling()
-    resampled = None if resampling is None else moments.magnitudes(resampling[0])
+    if resampling is not None:
+        weights = torch.cat([weights, resampling[0]])
+    magnitudes = Moments.of(sums, ranges).magnitudes(weights)
+    point = {name: value[0] for name, value in magnitudes.items()}
+    resampled = None if resampling is None else {name: value[1:] for name, value in magnitudes.items()}
     dr2 = delta_r2(running_sums(sums), DesignMoments.of(sums.mask, spec.seq_len, spec.num_seqs))
     return LayerResult(profile=profile(sums), point=point, resampled=resampled, dr2=dr2, sink_score=sums.sink_score)
 
