@@ -157,7 +157,10 @@ class Captures(ABC):
         if facts is None:
             raise ValueError("no captured batches")
         order = torch.cat(parts["index"]).argsort()
-        query, keys, log_z = (torch.cat(parts[name])[order] for name in ("query", "keys", "log_z"))
+        if torch.equal(order, torch.arange(len(order))):  # batches in input order: no second copy to reorder
+            query, keys, log_z = (torch.cat(parts[name]) for name in ("query", "keys", "log_z"))
+        else:
+            query, keys, log_z = (torch.cat(parts[name])[order] for name in ("query", "keys", "log_z"))
         return LayerCapture(layer=layer, facts=facts, query=query, keys=keys, log_z=log_z)
 
 
