@@ -157,10 +157,9 @@ class Captures(ABC):
         if facts is None:
             raise ValueError("no captured batches")
         order = torch.cat(parts["index"]).argsort()
-        if torch.equal(order, torch.arange(len(order))):  # batches in input order: no second copy to reorder
-            query, keys, log_z = (torch.cat(parts[name]) for name in ("query", "keys", "log_z"))
-        else:
-            query, keys, log_z = (torch.cat(parts[name])[order] for name in ("query", "keys", "log_z"))
+        query, keys, log_z = (torch.cat(parts[name]) for name in ("query", "keys", "log_z"))
+        if not torch.equal(order, torch.arange(len(order))):  # batches in input order need no second copy
+            query, keys, log_z = query[order], keys[order], log_z[order]
         return LayerCapture(layer=layer, facts=facts, query=query, keys=keys, log_z=log_z)
 
 
