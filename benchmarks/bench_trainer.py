@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from posleak.lab.config import LabSpec
-from posleak.lab.model import build_lab_model
 from posleak.lab.trainer import MAX_LENGTH_MULTIPLE, BatchOrder, TrainConfig, lab_sequences, prepare_data, train
+from posleak.models.lab.config import LabSpec
+from posleak.models.lab.model import build_lab_model
 
 SPEC = LabSpec(size="tiny")
 

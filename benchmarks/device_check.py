@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the re
 from harness import analyze_recorded, errors_of
 from tiny import FAMILIES, tiny_model
 
-from posleak.analyze import AnalyzeConfig, analyze_model, sequences_for
 from posleak.capture import CaptureSession, QueryStats, use_posleak_attention
 from posleak.device import Placement
 from posleak.models.load import load_model
 from posleak.models.zoo import ZOO
+from posleak.pipeline.analysis import AnalyzeConfig, analyze_model, sequences_for
 
 
 def _ids(vocab: int, batch: int, seq_len: int, seed: int = 1) -> torch.Tensor:

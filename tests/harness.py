@@ -7,9 +7,9 @@ import math
 import torch
 from reference import LogitRecorder, grid_edges, table_errors
 
-from posleak.analyze import AnalysisResult, AnalyzeConfig, analyze_model
 from posleak.capture import use_posleak_attention
 from posleak.data.batches import TokenBatch
+from posleak.pipeline.analysis import AnalysisResult, AnalyzeConfig, analyze_model
 
 EARLY = 12
 

@@ -47,8 +47,8 @@ def _die_if_planned(unit: str, at: str) -> None:
 
 
 def install() -> None:
-    from posleak import analyze
     from posleak.lab import trainer, trial
+    from posleak.pipeline import analysis as analyze
 
     save_checkpoint, measure = trainer._save_checkpoint, trial.measure
 

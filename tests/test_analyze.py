@@ -15,14 +15,14 @@ from cli import assert_one_line_error, run_cli
 from reference import LogitRecorder, assert_close, grid_edges, table_errors
 from tiny import tiny_checkpoint, tiny_model, word_corpus
 
-from posleak import analyze as analyze_module
-from posleak.analyze import AnalysisResult, AnalyzeConfig, analyze_model, sequences_for
 from posleak.capture import CaptureSession, QueryStats, ResidualCapture, closed_system, use_posleak_attention
 from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
 from posleak.intervene import Interventions
 from posleak.measure import LAYER_MAGNITUDES
 from posleak.models.load import LoadedModel
+from posleak.pipeline import analysis as analyze_module
+from posleak.pipeline.analysis import AnalysisResult, AnalyzeConfig, analyze_model, sequences_for
 
 TOLERANCE = 1e-5
 
@@ -188,8 +188,8 @@ def test_real_models_position0_is_closed(name: str, request: pytest.FixtureReque
 
 @pytest.mark.slow
 def test_gemma_fingerprint_is_constant_with_bos_only(gemma3: LoadedModel) -> None:
+    from posleak.commands.intervene import without_bos
     from posleak.experiments.paper import position0_states
-    from posleak.intervene.effect import without_bos
     from posleak.measure.position0 import fingerprint_constancy
 
     batch = sequences_for(gemma3, AnalyzeConfig(seq_len=32, num_seqs=8, bos="auto"))

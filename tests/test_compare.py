@@ -14,13 +14,13 @@ from cli import run_cli
 from scipy import stats
 from tiny import tiny_model
 
-from posleak.analyze import AnalyzeConfig, analyze_model
 from posleak.capture import use_posleak_attention
 from posleak.cli import main
-from posleak.compare import summarise
 from posleak.data.batches import TokenBatch
+from posleak.experiments.compare import summarise
 from posleak.intervene import Interventions
 from posleak.measure import LAYER_MAGNITUDES, measured_magnitudes
+from posleak.pipeline.analysis import AnalyzeConfig, analyze_model
 
 
 def _expected(per_layer: pd.DataFrame) -> dict[str, float]:

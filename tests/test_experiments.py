@@ -17,7 +17,6 @@ from browser import check_in_chromium, needs_chromium, section_tables
 from cli import file_stamps, run_cli
 from tiny import SINK_T, sink_ids, sink_model, sink_scores
 
-from posleak.analyze import AnalysisResult, AnalyzeConfig, analyze_model
 from posleak.data.batches import TokenBatch
 from posleak.experiments.claims import (
     LabRuns,
@@ -33,6 +32,7 @@ from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, perc
 from posleak.experiments.paper import QUICK, Reproduction, control_heads, head_list, lab_runs, sink_heads
 from posleak.intervene import Interventions
 from posleak.models.load import LoadedModel
+from posleak.pipeline.analysis import AnalysisResult, AnalyzeConfig, analyze_model
 
 CLAIMS = ["C1", "C2", "C3", "C4", "C5", "C6"]
 QUICK_BUDGET_S = 25 * 60  # --quick is sized for 15 minutes on 2 cores; CI's machine may be shared

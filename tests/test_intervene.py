@@ -15,17 +15,17 @@ from cli import file_stamps
 from tiny import FAMILIES, SINK_T, WINDOW, sink_ids, sink_model, sink_scores, tiny_model, tiny_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from posleak.analyze import AnalysisResult, AnalyzeConfig, _sink_heads, analyze_model, sequences_for
 from posleak.capture import AttentionEdits, CaptureSession, ResidualCapture, use_posleak_attention
+from posleak.commands.intervene import effect_table, intervene
 from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
 from posleak.intervene import Interventions, behaviour
-from posleak.intervene.behaviour import behaviour_table
-from posleak.intervene.effect import effect_table, intervene
 from posleak.intervene.embedding import mean_embedding
 from posleak.measure import LAYER_MAGNITUDES, measured_magnitudes
+from posleak.measure.behaviour import behaviour_table
 from posleak.measure.bootstrap import resample_weights
 from posleak.models.load import LoadedModel, load_model
+from posleak.pipeline.analysis import AnalysisResult, AnalyzeConfig, _sink_heads, analyze_model, sequences_for
 
 T = 3 * WINDOW
 

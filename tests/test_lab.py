@@ -38,13 +38,13 @@ from posleak.errors import PosleakError
 from posleak.lab import trainer as trainer_module
 from posleak.lab.choices import TASK_EVAL, TASK_TRAIN, TaskLab
 from posleak.lab.compare import LAB_COLUMNS, LabRun, run_lab
-from posleak.lab.config import NORMS, PE_KINDS, LabConfig, LabSpec
-from posleak.lab.model import LabForCausalLM, build_lab_model, load_lab_model
 from posleak.lab.sweep import SweepSpec, run_sweep
 from posleak.lab.tasks import generate
 from posleak.lab.trainer import TrainConfig, lab_sequences, prepare_data, train
 from posleak.lab.trial import MARKER, EvalConfig, Trial, trial_folder
 from posleak.measure.probe import PROBE_COLUMNS, ProbeConfig, probe_positions
+from posleak.models.lab.config import NORMS, PE_KINDS, LabConfig, LabSpec
+from posleak.models.lab.model import LabForCausalLM, build_lab_model, load_lab_model
 
 VOCAB = 96
 T = 48

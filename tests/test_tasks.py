@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from posleak.errors import PosleakError
-from posleak.lab.config import LabSpec
-from posleak.lab.model import build_lab_model
 from posleak.lab.tasks import TASKS, generate, parse_tasks, solved, task_tokenizer
 from posleak.lab.tasks.vocab import VOCAB_SIZE
+from posleak.models.lab.config import LabSpec
+from posleak.models.lab.model import build_lab_model
 
 LENGTHS = (24, 48, 96)  # 1×, 2× and 4× a training length
 

@@ -32,11 +32,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from tiny import tiny_checkpoint, tiny_tokenizer, word_corpus
 
-from posleak.analyze import AnalysisResult
 from posleak.data.batches import BOS_POLICIES, load_token_file, make_sequences
 from posleak.data.corpus import load_corpus
 from posleak.errors import PosleakError
-from posleak.report.runfolder import LOCK, RunFolder
+from posleak.pipeline.analysis import AnalysisResult
+from posleak.store.runfolder import LOCK, RunFolder
 
 # Small enough that a whole analysis takes a second or two; the corpus holds 4000 one-token words.
 SMALL = ("--seq-len", "24", "--num-seqs", "4", "--batch-size", "2", "--bootstrap", "10")

@@ -93,8 +93,8 @@ def sink_model(logits: dict[tuple[int, int], float], layers: int = 3, vocab_size
     embedding in every layer. In head (l, h) the query's first dimension reads u_0 (the same for every token) and
     the key's first dimension reads u_1 (non-zero for the BOS only): s_{i,0} = L and s_{i,j} = 0 for j ≥ 1.
     So a_{i,0} = e^L / (e^L + i) exactly, and position 0 must hold token 0 and no other position may."""
-    from posleak.lab.config import LabSpec
-    from posleak.lab.model import build_lab_model
+    from posleak.models.lab.config import LabSpec
+    from posleak.models.lab.model import build_lab_model
 
     config = LabSpec(size="tiny", pe="nope").config(vocab_size, 2 * SINK_T, bos_id=0, eos_id=None)
     config.num_hidden_layers = layers

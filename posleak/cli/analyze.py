@@ -15,12 +15,12 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from posleak.backends import BACKENDS
 from posleak.device import DEVICE_MAPS, DEVICES, DTYPES, Placement
+from posleak.runner import BACKENDS
 
 if TYPE_CHECKING:
-    from posleak.analyze import AnalyzeConfig
     from posleak.intervene import Interventions
+    from posleak.pipeline.analysis import AnalyzeConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -157,13 +157,13 @@ def interventions_from(args: argparse.Namespace) -> Interventions:
 
 
 def config_from(args: argparse.Namespace, interventions: Interventions) -> AnalyzeConfig:
-    from posleak.analyze import AnalyzeConfig
+    from posleak.pipeline.analysis import AnalyzeConfig
 
     return AnalyzeConfig(**{**_given(args, AnalyzeConfig), "interventions": interventions})
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from posleak.inspect import inspect_model
+    from posleak.commands.inspect import inspect_model
 
     info = inspect_model(
         args.model,
@@ -201,7 +201,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from posleak.analyze import analyze
+    from posleak.pipeline.analysis import analyze
 
     config = config_from(args, interventions_from(args))
     result = analyze(args.model, config, out=Path(args.out), trust_remote_code=args.trust_remote_code)
@@ -216,7 +216,7 @@ def _analyze(args: argparse.Namespace) -> int:
 
 
 def _intervene(args: argparse.Namespace) -> int:
-    from posleak.intervene.effect import OVERALL, intervene
+    from posleak.commands.intervene import OVERALL, intervene
 
     config = config_from(args, interventions_from(args))
     run = intervene(args.model, config, out=Path(args.out), trust_remote_code=args.trust_remote_code)
@@ -236,7 +236,7 @@ def _batch(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from posleak.compare import compare_runs
+    from posleak.experiments.compare import compare_runs
 
     summary = compare_runs(args.runs, out=Path(args.out), labels=args.labels)
     print(f"wrote {args.out}: comparison.parquet, figures/, report.html", file=sys.stderr)

@@ -1,6 +1,6 @@
 """`posleak train`, `posleak lab` and `posleak sweep`: the lab commands (posleak.lab).
 
-The parsers read only modules without torch (`posleak.lab.config`, `posleak.cli.analyze`); the training options
+The parsers read only modules without torch (`posleak.models.lab.config`, `posleak.cli.analyze`); the training options
 mirror `TrainConfig` fields and have no argparse default (`argparse.SUPPRESS`), so `TrainConfig`'s own
 defaults apply. The handlers import what they run.
 """
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from posleak.cli.analyze import add_backend_options
 from posleak.device import DEVICES, DTYPES
-from posleak.lab.config import NORMS, PE_KINDS, SIZES, TASK_NAMES, TASK_SEEDS, TASK_VARIANTS, VARIANTS, LabSpec
+from posleak.models.lab.config import NORMS, PE_KINDS, SIZES, TASK_NAMES, TASK_SEEDS, TASK_VARIANTS, VARIANTS, LabSpec
 from posleak.validate import Problems, natural_number, out_folder_problems
 
 if TYPE_CHECKING:

@@ -34,7 +34,13 @@ from typing import Any
 
 import pandas as pd
 
-from posleak.analyze import (
+from posleak.data.batches import TokenBatch
+from posleak.device import Placement
+from posleak.errors import BadInput, PosleakError
+from posleak.experiments.compare import compare_runs
+from posleak.intervene import Interventions
+from posleak.models.load import LoadedModel
+from posleak.pipeline.analysis import (
     AnalysisResult,
     AnalyzeConfig,
     analyze_model,
@@ -44,15 +50,9 @@ from posleak.analyze import (
     load_for,
     sequences_for,
 )
-from posleak.backends import BACKENDS, run_on_ray
-from posleak.compare import compare_runs
-from posleak.data.batches import TokenBatch
-from posleak.device import Placement
-from posleak.errors import BadInput, PosleakError
-from posleak.gridfile import check_grid, grid_points, read_mapping
-from posleak.intervene import Interventions
-from posleak.models.load import LoadedModel
-from posleak.report.runfolder import RunFolder
+from posleak.runner import BACKENDS, run_on_ray
+from posleak.store.runfolder import RunFolder
+from posleak.store.specfile import check_grid, grid_points, read_mapping
 from posleak.validate import Problems, out_folder_problems
 
 CONFIG_KEYS = frozenset(f.name for f in fields(AnalyzeConfig)) - {"interventions"}

@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from posleak.analyze import AnalysisResult
 from posleak.experiments.evidence import Direction, Estimate, Says, depth_slope, layer_mean, mean_of, percent_change
+from posleak.pipeline.analysis import AnalysisResult
 from posleak.report.html import TableBlock, Verdict
 
 EVIDENCE_COLUMNS = ("evidence", "value", "lo", "hi", "threshold", "unit", "says", "deciding")

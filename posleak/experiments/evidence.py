@@ -21,9 +21,9 @@ from typing import Literal
 
 import torch
 
-from posleak.analyze import AnalysisResult
-from posleak.intervene.effect import resampled_layers
+from posleak.commands.intervene import resampled_layers
 from posleak.measure import percentile_interval
+from posleak.pipeline.analysis import AnalysisResult
 
 Says = Literal["supports", "contradicts", "unclear"]
 Direction = Literal["above", "below"]

@@ -23,30 +23,30 @@ from typing import Any
 import pandas as pd
 import torch
 
-from posleak.analyze import AnalysisResult, AnalyzeConfig
-from posleak.backends import BACKENDS
 from posleak.capture import CaptureSession, ResidualCapture
 from posleak.capture.query_stats import SINK_THRESHOLD
-from posleak.compare import summarise
+from posleak.commands.intervene import without_bos
 from posleak.data.batches import TokenBatch, iter_batches
 from posleak.device import Placement
 from posleak.errors import BadInput
 from posleak.experiments import claims as criteria
 from posleak.experiments.batch import AnalysisJob, ModelCache, draw_sequences, run_analyses
 from posleak.experiments.claims import Claim, Judgement, LabRuns
+from posleak.experiments.compare import summarise
 from posleak.experiments.evidence import Estimate, depth_slope, percent_change
 from posleak.intervene import Interventions
-from posleak.intervene.behaviour import behaviour_table
-from posleak.intervene.effect import without_bos
-from posleak.lab.config import LabSpec
 from posleak.lab.sweep import run_trials
 from posleak.lab.trainer import TrainConfig
 from posleak.lab.trial import EvalConfig, Trial, trial_folder
+from posleak.measure.behaviour import behaviour_table
 from posleak.measure.position0 import fingerprint_constancy
+from posleak.models.lab.config import LabSpec
 from posleak.models.load import LoadedModel
+from posleak.pipeline.analysis import AnalysisResult, AnalyzeConfig
 from posleak.report import figures
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
-from posleak.report.runfolder import RunFolder, atomic_write
+from posleak.runner import BACKENDS
+from posleak.store.runfolder import RunFolder, atomic_write
 from posleak.validate import out_folder_problems
 
 SAMPLES = ("A", "B")
@@ -328,7 +328,7 @@ def lab_runs(repro: Reproduction) -> LabRuns:
 
 def behaviour_tables(results: dict[str, Any], sample: str, plan: Plan) -> pd.DataFrame:
     """Every intervention the reproduction runs against its baseline on one sample: the model's next-token loss
-    and top-1 accuracy by position bucket, with paired intervals (posleak.intervene.behaviour), so that each
+    and top-1 accuracy by position bucket, with paired intervals (posleak.measure.behaviour), so that each
     effect on the leakage comes with its effect on what the model predicts."""
     s = sample
     sinks: SinkEvidence = results[f"sinks-{s}"]

@@ -33,14 +33,14 @@ from scipy import stats
 
 from posleak.errors import BadInput
 from posleak.lab.compare import VARIANTS, LabRun, lab_table
-from posleak.lab.config import TASK_SEEDS, TASK_VARIANTS
 from posleak.lab.results import write_results
 from posleak.lab.sweep import run_trials
 from posleak.lab.tasks import TASKS
 from posleak.lab.trainer import TrainConfig
 from posleak.lab.trial import EvalConfig
+from posleak.models.lab.config import TASK_SEEDS, TASK_VARIANTS
 from posleak.report.html import FigureBlock, Section, TableBlock
-from posleak.report.runfolder import RunFolder, atomic_write
+from posleak.store.runfolder import RunFolder, atomic_write
 
 # The default budget of a task run: sized so that `posleak lab --tasks all` (5 tasks × 3 variants × 3 seeds) takes
 # about a quarter of an hour on two cores (README).

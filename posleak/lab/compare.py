@@ -33,11 +33,11 @@ from typing import Any
 import pandas as pd
 
 from posleak.errors import PosleakError
-from posleak.lab.config import VARIANTS, LabSpec
 from posleak.lab.results import write_results
 from posleak.lab.sweep import run_trials
 from posleak.lab.trainer import TrainConfig
 from posleak.lab.trial import EvalConfig, Trial
+from posleak.models.lab.config import VARIANTS, LabSpec
 
 LAB_COLUMNS = (
     "variant",

@@ -40,13 +40,13 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
-from posleak.backends import BACKENDS, run_on_ray
 from posleak.errors import PosleakError
-from posleak.gridfile import check_grid, grid_points, read_mapping
-from posleak.lab.config import LabSpec
 from posleak.lab.results import write_results
 from posleak.lab.trainer import TrainConfig
 from posleak.lab.trial import EvalConfig, Trial, finished_row, run_trial
+from posleak.models.lab.config import LabSpec
+from posleak.runner import BACKENDS, run_on_ray
+from posleak.store.specfile import check_grid, grid_points, read_mapping
 from posleak.validate import Problems, out_folder_problems
 
 LAB_KEYS = frozenset(f.name for f in fields(LabSpec))

@@ -59,10 +59,10 @@ from posleak.data.batches import TokenBatch, make_sequences
 from posleak.data.corpus import Corpus, load_corpus, make_corpus
 from posleak.device import DEVICES, DTYPES, Placement
 from posleak.errors import BadInput, PosleakError
-from posleak.lab.config import LabConfig, LabSpec
-from posleak.lab.model import LabForCausalLM, build_lab_model, load_lab_model, quiet_transformers
 from posleak.lab.tasks import TASKS, TaskBatch, generate, length_problems, parse_tasks, task_tokenizer
 from posleak.lab.tokenizer import train_tokenizer
+from posleak.models.lab.config import LabConfig, LabSpec
+from posleak.models.lab.model import LabForCausalLM, build_lab_model, load_lab_model, quiet_transformers
 from posleak.validate import out_folder_problems
 
 METRICS_COLUMNS = ("step", "train_loss", "val_loss", "tokens_per_s")

@@ -6,7 +6,7 @@ A trial is `Trial(name, spec, train, eval, overrides)`. Under an output root:
   training options, so trials that differ only in evaluation (RoPE scaling applied at evaluation, say)
   share one training, serialised by a file lock;
 - `trials/<trial key>/` holds the measurements: `probe.parquet`, `per_layer.parquet`, `analysis/` (the
-  `posleak.analyze` run folder) and, written last, `complete.json` — the result row with the start and end
+  `posleak.pipeline.analysis` run folder) and, written last, `complete.json` — the result row with the start and end
   time. A trial with `complete.json` is never rerun; its stored row is returned.
 
 Measurements, all on the validation documents:
@@ -14,7 +14,7 @@ Measurements, all on the validation documents:
 - perplexity at each multiple of the training length: exp(mean next-token loss) over every window of
   that length the validation stream holds, so that all lengths cover the same text;
 - the position probe (`posleak.measure.probe`) on `probe_seqs` windows of the training length;
-- the decomposition (`posleak.analyze.analyze_model`) on `analyze_seqs` windows of the training length;
+- the decomposition (`posleak.pipeline.analysis.analyze_model`) on `analyze_seqs` windows of the training length;
   `mask_all` / `resid_all` in the row are its per-layer means over heads, averaged over layers. It is
   defined for causal and sliding-window masks only, so `prefix:P` models get NaN there.
 """
@@ -37,11 +37,8 @@ import pandas as pd
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from posleak.analyze import AnalyzeConfig, analyze_model
 from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
-from posleak.lab.config import LabSpec
-from posleak.lab.model import LabForCausalLM, load_lab_model
 from posleak.lab.tasks import TASKS, TaskBatch, solved, task_tokenizer
 from posleak.lab.tasks.vocab import BOS
 from posleak.lab.trainer import (
@@ -58,7 +55,10 @@ from posleak.lab.trainer import (
     train,
 )
 from posleak.measure.probe import ProbeConfig, best_r2, probe_positions
-from posleak.report.runfolder import atomic_write
+from posleak.models.lab.config import LabSpec
+from posleak.models.lab.model import LabForCausalLM, load_lab_model
+from posleak.pipeline.analysis import AnalyzeConfig, analyze_model
+from posleak.store.runfolder import atomic_write
 
 MARKER = "complete.json"
 

@@ -19,7 +19,7 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-import posleak.lab.model  # noqa: F401 - registers the lab model type with transformers' Auto classes
+import posleak.models.lab.model  # noqa: F401 - registers the lab model type with transformers' Auto classes
 from posleak.device import Placement
 from posleak.errors import PosleakError
 from posleak.models import zoo

@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from posleak.errors import PosleakError
-from posleak.lab.config import TASK_NAMES
 from posleak.lab.tasks import copy_back, count, index, recall, reverse
 from posleak.lab.tasks.vocab import EOS, VOCAB_SIZE, task_tokenizer
+from posleak.models.lab.config import TASK_NAMES
 
 __all__ = ["TASKS", "Task", "TaskBatch", "generate", "parse_tasks", "solved", "task_tokenizer"]
 
@@ -60,7 +60,7 @@ TASKS: dict[str, Task] = {
     "recall": recall,  # type: ignore[dict-item]
     "reverse": reverse,  # type: ignore[dict-item]
 }
-assert tuple(TASKS) == TASK_NAMES, "posleak.lab.config.TASK_NAMES lists the tasks for the command line"
+assert tuple(TASKS) == TASK_NAMES, "posleak.models.lab.config.TASK_NAMES lists the tasks for the command line"
 
 
 @dataclass(frozen=True)

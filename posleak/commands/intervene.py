@@ -4,7 +4,7 @@ The effect of an intervention on a magnitude is 100·(intervened/baseline − 1)
 (layer −1: the ratio of the means over layers), docs/method.md §9. Its interval is a paired bootstrap:
 both runs draw the same resampling weights (they depend only on N, the number of resamples and the
 seed), so resample k of the effect is the effect computed on resample k of each run. Beside it, the effect
-on the model's own next-token loss and accuracy by position (`behaviour.parquet`, posleak.intervene.behaviour).
+on the model's own next-token loss and accuracy by position (`behaviour.parquet`, posleak.measure.behaviour).
 
 Every option is checked before the baseline runs (`checked_intervention`): a bad intervention refuses
 with nothing written, instead of failing after a finished baseline. The folder is a run folder of its
@@ -19,7 +19,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from posleak.analyze import (
+from posleak.data.batches import TokenBatch
+from posleak.errors import PosleakError
+from posleak.intervene.spec import Interventions
+from posleak.measure import measured_magnitudes, percentile_interval
+from posleak.measure.behaviour import behaviour_lines, behaviour_table
+from posleak.models.load import LoadedModel
+from posleak.pipeline.analysis import (
     AnalysisResult,
     AnalyzeConfig,
     analyze_model,
@@ -30,15 +36,9 @@ from posleak.analyze import (
     run_args,
     token_file_bos_problems,
 )
-from posleak.data.batches import TokenBatch
-from posleak.errors import PosleakError
-from posleak.intervene.behaviour import behaviour_lines, behaviour_table
-from posleak.intervene.spec import Interventions
-from posleak.measure import measured_magnitudes, percentile_interval
-from posleak.models.load import LoadedModel
 from posleak.report import figures
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
-from posleak.report.runfolder import COMPLETE, RunFolder
+from posleak.store.runfolder import COMPLETE, RunFolder
 from posleak.validate import Problems, out_folder_problems
 
 OVERALL = -1  # the `layer` of the row that summarises all layers
@@ -52,7 +52,7 @@ class InterventionRun:
     baseline: AnalysisResult
     intervened: AnalysisResult
     effect: pd.DataFrame
-    behaviour: pd.DataFrame  # next-token loss and accuracy by position bucket (posleak.intervene.behaviour)
+    behaviour: pd.DataFrame  # next-token loss and accuracy by position bucket (posleak.measure.behaviour)
 
 
 def intervene(

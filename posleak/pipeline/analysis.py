@@ -43,13 +43,13 @@ from posleak.data.corpus import load_corpus
 from posleak.device import Placement
 from posleak.errors import BadInput, PosleakError
 from posleak.intervene import Interventions
-from posleak.intervene.behaviour import next_token_scores, token_table
 from posleak.measure import LAYER_MAGNITUDES, Decomposition, Grid, LayerResult, MeasureSpec, measure_layer
+from posleak.measure.behaviour import next_token_scores, token_table
 from posleak.measure.position0 import fingerprint_constancy
 from posleak.models.load import LoadedModel, load_model
 from posleak.report import figures
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
-from posleak.report.runfolder import COMPLETE, RunFolder, TokenCount, provenance
+from posleak.store.runfolder import COMPLETE, RunFolder, TokenCount, provenance
 from posleak.validate import Problems, out_folder_problems
 
 # Without a run folder (nothing to resume), captures up to this size stay in memory instead of a temporary folder.
@@ -135,7 +135,7 @@ class AnalysisResult:
     bootstrap: pd.DataFrame  # per resample and layer, the mean over heads of each magnitude (paired runs)
     manifest: dict[str, Any]
     run: RunFolder | None = None
-    # per sequence and query position: next-token loss and top-1 hit (posleak.intervene.behaviour)
+    # per sequence and query position: next-token loss and top-1 hit (posleak.measure.behaviour)
     tokens: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     TABLES = ("per_head", "per_layer", "profiles", "offset_map", "position0", "bootstrap")

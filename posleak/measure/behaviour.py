@@ -26,7 +26,7 @@ from transformers import PreTrainedModel
 from posleak.measure.bootstrap import percentile_interval, resample_weights
 
 if TYPE_CHECKING:
-    from posleak.analyze import AnalysisResult
+    from posleak.pipeline.analysis import AnalysisResult
 
 TOKEN_COLUMNS = ("seq", "pos", "target", "nll", "correct")
 BUCKETS = ("first", "early", "middle", "late", "all")

@@ -38,7 +38,7 @@ from transformers.utils import logging as hf_logging
 
 from posleak.capture.attention import use_posleak_attention
 from posleak.errors import PosleakError
-from posleak.lab.config import NORMS, PE_KINDS, ROPE_SCALINGS, SIGMOID_BIAS_INIT, check_choice, parse_attention
+from posleak.models.lab.config import NORMS, PE_KINDS, ROPE_SCALINGS, SIGMOID_BIAS_INIT, check_choice, parse_attention
 
 # transformers' own implementations ignore posleak_norm, posleak_prefix and s_aux: a lab model under
 # them would silently compute something else.
