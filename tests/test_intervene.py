@@ -19,9 +19,9 @@ from posleak.capture import AttentionEdits, CaptureSession, ResidualCapture, use
 from posleak.commands.intervene import effect_table, intervene
 from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
-from posleak.intervene import Interventions, behaviour
+from posleak.intervene import Interventions
 from posleak.intervene.embedding import mean_embedding
-from posleak.measure import LAYER_MAGNITUDES, measured_magnitudes
+from posleak.measure import LAYER_MAGNITUDES, behaviour, measured_magnitudes
 from posleak.measure.behaviour import behaviour_table
 from posleak.measure.bootstrap import resample_weights
 from posleak.models.load import LoadedModel, load_model

@@ -20,18 +20,16 @@ from PIL import Image
 from posleak.errors import PosleakError
 from posleak.report import (
     FigureBlock,
-    RunFolder,
     Section,
     TableBlock,
-    TokenCount,
     component_magnitudes,
     lines_by_run,
     offset_map_figure,
     profiles_figure,
-    provenance,
     render_report,
 )
 from posleak.report.html import inline, paragraphs
+from posleak.store import RunFolder, TokenCount, provenance
 
 LAYERS, HEADS, T, WINDOW = 12, 4, 512, 128
 LAYER_TYPES = ["sliding_attention"] * 5 + ["full_attention"]  # Gemma 3's pattern, repeated
