@@ -17,7 +17,7 @@ from posleak.errors import PosleakError
 from posleak.experiments.batch import BatchSpec, run_batch
 from posleak.intervene import Interventions
 from posleak.pipeline.analysis import AnalyzeConfig, analyze
-from posleak.store.runfolder import RunFolder
+from posleak.store import RunFolder
 
 TABLES = ("per_head", "per_layer", "profiles", "bootstrap")
 

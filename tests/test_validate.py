@@ -36,7 +36,7 @@ from posleak.data.batches import BOS_POLICIES, load_token_file, make_sequences
 from posleak.data.corpus import load_corpus
 from posleak.errors import PosleakError
 from posleak.pipeline.analysis import AnalysisResult
-from posleak.store.runfolder import LOCK, RunFolder
+from posleak.store import LOCK, RunFolder
 
 # Small enough that a whole analysis takes a second or two; the corpus holds 4000 one-token words.
 SMALL = ("--seq-len", "24", "--num-seqs", "4", "--batch-size", "2", "--bootstrap", "10")

@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save
 
 from posleak.capture.masks import MaskSpec
 from posleak.capture.session import AttentionCall
-from posleak.store.runfolder import atomic_write
+from posleak.store import atomic_write
 
 _LAYER_FILE = "batch{:05d}.layer{:03d}.safetensors"
 _DONE_FILE = "batch{:05d}.safetensors"

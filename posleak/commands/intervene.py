@@ -38,7 +38,7 @@ from posleak.pipeline.analysis import (
 )
 from posleak.report import figures
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
-from posleak.store.runfolder import COMPLETE, RunFolder
+from posleak.store import COMPLETE, RunFolder
 from posleak.validate import Problems, out_folder_problems
 
 OVERALL = -1  # the `layer` of the row that summarises all layers

@@ -51,7 +51,7 @@ from posleak.pipeline.analysis import (
     sequences_for,
 )
 from posleak.runner import BACKENDS, run_on_ray
-from posleak.store.runfolder import RunFolder
+from posleak.store import RunFolder
 from posleak.store.specfile import check_grid, grid_points, read_mapping
 from posleak.validate import Problems, out_folder_problems
 

@@ -18,7 +18,7 @@ from posleak.errors import PosleakError
 from posleak.measure import measured_magnitudes
 from posleak.report import figures
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
-from posleak.store.runfolder import RunFolder
+from posleak.store import RunFolder
 from posleak.validate import Problems, out_folder_problems
 
 KIND = "comparison"  # the manifest's `kind`: an --out that holds one may be written again

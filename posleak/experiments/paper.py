@@ -46,7 +46,7 @@ from posleak.pipeline.analysis import AnalysisResult, AnalyzeConfig
 from posleak.report import figures
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
 from posleak.runner import BACKENDS
-from posleak.store.runfolder import RunFolder, atomic_write
+from posleak.store import RunFolder, atomic_write
 from posleak.validate import out_folder_problems
 
 SAMPLES = ("A", "B")

@@ -40,7 +40,7 @@ from posleak.lab.trainer import TrainConfig
 from posleak.lab.trial import EvalConfig
 from posleak.models.lab.config import TASK_SEEDS, TASK_VARIANTS
 from posleak.report.html import FigureBlock, Section, TableBlock
-from posleak.store.runfolder import RunFolder, atomic_write
+from posleak.store import RunFolder, atomic_write
 
 # The default budget of a task run: sized so that `posleak lab --tasks all` (5 tasks × 3 variants × 3 seeds) takes
 # about a quarter of an hour on two cores (README).

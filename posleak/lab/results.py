@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from posleak.lab.trial import Trial, read_tables
 from posleak.report.figures import lines_by_run
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
-from posleak.store.runfolder import RunFolder, atomic_write, versions
+from posleak.store import RunFolder, atomic_write, versions
 
 DPI = 150
 

@@ -58,7 +58,7 @@ from posleak.measure.probe import ProbeConfig, best_r2, probe_positions
 from posleak.models.lab.config import LabSpec
 from posleak.models.lab.model import LabForCausalLM, load_lab_model
 from posleak.pipeline.analysis import AnalyzeConfig, analyze_model
-from posleak.store.runfolder import atomic_write
+from posleak.store import atomic_write
 
 MARKER = "complete.json"
 

@@ -49,7 +49,7 @@ from posleak.measure.position0 import fingerprint_constancy
 from posleak.models.load import LoadedModel, load_model
 from posleak.report import figures
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
-from posleak.store.runfolder import COMPLETE, RunFolder, TokenCount, provenance
+from posleak.store import COMPLETE, RunFolder, TokenCount, provenance
 from posleak.validate import Problems, out_folder_problems
 
 # Without a run folder (nothing to resume), captures up to this size stay in memory instead of a temporary folder.

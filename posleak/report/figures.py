@@ -20,7 +20,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from posleak.store.runfolder import atomic_write
+from posleak.store import atomic_write
 
 MASK_COLOR = "#1f5fa8"
 RESID_COLOR = "#c8501e"

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import pandas as pd
 
 import posleak
-from posleak.store.runfolder import RunFolder, atomic_write
+from posleak.store import RunFolder, atomic_write
 
 Verdict = Literal["consistent", "not consistent", "inconclusive"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -1,6 +1,26 @@
 """Storage, the ground floor: run folders (Parquet tables, manifests, partial state), atomic writes, locks, and
 the YAML spec files of sweeps and batches. Every floor may use it; it imports nothing of posleak but errors."""
 
-from posleak.store.runfolder import RunFolder, RunState, TokenCount, atomic_write, fingerprint, provenance, versions
+from posleak.store.runfolder import (
+    COMPLETE,
+    LOCK,
+    RunFolder,
+    RunState,
+    TokenCount,
+    atomic_write,
+    fingerprint,
+    provenance,
+    versions,
+)
 
-__all__ = ["RunFolder", "RunState", "TokenCount", "atomic_write", "fingerprint", "provenance", "versions"]
+__all__ = [
+    "COMPLETE",
+    "LOCK",
+    "RunFolder",
+    "RunState",
+    "TokenCount",
+    "atomic_write",
+    "fingerprint",
+    "provenance",
+    "versions",
+]
