@@ -36,7 +36,7 @@ from posleak.capture import use_posleak_attention
 from posleak.data.batches import make_sequences
 from posleak.data.corpus import load_corpus
 from posleak.models.load import LoadedModel, load_model
-from posleak.pipeline.analysis import AnalyzeConfig, analyze_model, sequences_for
+from posleak.pipeline import AnalyzeConfig, analyze_model, sequences_for
 
 MODEL = "smollm2-135m"
 

@@ -33,7 +33,7 @@ from posleak.capture import CaptureSession, QueryStats, use_posleak_attention
 from posleak.device import Placement
 from posleak.models.load import load_model
 from posleak.models.zoo import ZOO
-from posleak.pipeline.analysis import AnalyzeConfig, analyze_model, sequences_for
+from posleak.pipeline import AnalyzeConfig, analyze_model, sequences_for
 
 
 def _ids(vocab: int, batch: int, seq_len: int, seed: int = 1) -> torch.Tensor:

@@ -9,7 +9,7 @@ from reference import LogitRecorder, grid_edges, table_errors
 
 from posleak.capture import use_posleak_attention
 from posleak.data.batches import TokenBatch
-from posleak.pipeline.analysis import AnalysisResult, AnalyzeConfig, analyze_model
+from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model
 
 EARLY = 12
 

@@ -48,7 +48,7 @@ def _die_if_planned(unit: str, at: str) -> None:
 
 def install() -> None:
     from posleak.lab import trainer, trial
-    from posleak.pipeline import analysis as analyze
+    from posleak.pipeline import run as pipeline_run
 
     save_checkpoint, measure = trainer._save_checkpoint, trial.measure
 
@@ -63,7 +63,7 @@ def install() -> None:
         _die_if_planned(run.spec.pe, "measure")
         return measure(model, data, run, *args)
 
-    measure_layers = analyze._measure
+    measure_layers = pipeline_run._measure
 
     def maybe_die_then_measure_layers(captures: Any, spec: Any, run: Any, *args: Any) -> Any:
         if run is not None:
@@ -72,4 +72,4 @@ def install() -> None:
 
     trainer._save_checkpoint = checkpoint_then_maybe_die
     trial.measure = maybe_die_then_measure
-    analyze._measure = maybe_die_then_measure_layers
+    pipeline_run._measure = maybe_die_then_measure_layers

@@ -16,13 +16,14 @@ from reference import LogitRecorder, assert_close, grid_edges, table_errors
 from tiny import tiny_checkpoint, tiny_model, word_corpus
 
 from posleak.capture import CaptureSession, QueryStats, ResidualCapture, closed_system, use_posleak_attention
+from posleak.commands.analyze import analyze
 from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
 from posleak.intervene import Interventions
 from posleak.measure import LAYER_MAGNITUDES
 from posleak.models.load import LoadedModel
-from posleak.pipeline import analysis as analyze_module
-from posleak.pipeline.analysis import AnalysisResult, AnalyzeConfig, analyze_model, sequences_for
+from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model, sequences_for
+from posleak.pipeline import run as run_module
 
 TOLERANCE = 1e-5
 
@@ -99,7 +100,7 @@ def _no_forward(*args: object, **kwargs: object) -> None:
 def _interrupting(stage: str, after: int, counts: dict[str, int]) -> object:
     """A replacement for CaptureSession.forward ("forward") or analyze's measure_layer ("measure") that
     counts its calls and raises KeyboardInterrupt once, on call number `after` + 1 of its stage."""
-    original = CaptureSession.forward if stage == "forward" else analyze_module.measure_layer
+    original = CaptureSession.forward if stage == "forward" else run_module.measure_layer
 
     def wrapped(*args: object, **kwargs: object) -> object:
         counts[stage] = counts.get(stage, 0) + 1
@@ -119,7 +120,7 @@ def test_interrupted_run_resumes_without_redoing_work(
     (one layer kept): the rerun redoes only what was left and ends with the same tables, bit for bit."""
     whole = _tiny_run(tmp_path / "whole")
     counts: dict[str, int] = {}
-    target = (CaptureSession, "forward") if stage == "forward" else (analyze_module, "measure_layer")
+    target = (CaptureSession, "forward") if stage == "forward" else (run_module, "measure_layer")
     monkeypatch.setattr(*target, _interrupting(stage, after, counts))
     with pytest.raises(KeyboardInterrupt):
         _tiny_run(tmp_path / "run")
@@ -280,8 +281,8 @@ def test_bfloat16_analysis_of_smollm2_agrees_with_float32_within_its_precision()
     within 4u of bfloat16 (see above), they are not identical (the bfloat16 forward really ran), and the
     manifest records the dtype."""
     config = AnalyzeConfig(seq_len=64, num_seqs=4, bootstrap=0)
-    full = analyze_module.analyze("smollm2-135m", config, progress=False)
-    half = analyze_module.analyze("smollm2-135m", dataclasses.replace(config, dtype="bfloat16"), progress=False)
+    full = analyze("smollm2-135m", config, progress=False)
+    half = analyze("smollm2-135m", dataclasses.replace(config, dtype="bfloat16"), progress=False)
     assert full.manifest["model"]["dtype"] == "float32"
     assert half.manifest["model"]["dtype"] == "bfloat16"
     assert half.manifest["placement"]["requested"]["dtype"] == "bfloat16"

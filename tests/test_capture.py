@@ -30,7 +30,7 @@ from posleak.capture import (
 from posleak.capture.attention import blockwise_attention
 from posleak.capture.store import CaptureMemory, QKRecorder
 from posleak.errors import PosleakError
-from posleak.pipeline.analysis import AnalyzeConfig, analyze_model
+from posleak.pipeline import AnalyzeConfig, analyze_model
 
 T = 3 * WINDOW  # longer than every sliding window
 
@@ -189,7 +189,7 @@ def test_closed_system_check_catches_a_non_causal_model() -> None:
 def test_real_models_match_eager_beyond_the_window(name: str, request: pytest.FixtureRequest) -> None:
     """T = 600 > Gemma's 512 window: every hidden state and the logits, eager vs posleak, to 1e-5
     relative to each layer's scale (the residual stream grows to hundreds in later layers)."""
-    from posleak.pipeline.analysis import AnalyzeConfig, sequences_for
+    from posleak.pipeline import AnalyzeConfig, sequences_for
 
     loaded = request.getfixturevalue(name)
     model = loaded.model

@@ -20,7 +20,7 @@ from posleak.data.batches import TokenBatch
 from posleak.experiments.compare import summarise
 from posleak.intervene import Interventions
 from posleak.measure import LAYER_MAGNITUDES, measured_magnitudes
-from posleak.pipeline.analysis import AnalyzeConfig, analyze_model
+from posleak.pipeline import AnalyzeConfig, analyze_model
 
 
 def _expected(per_layer: pd.DataFrame) -> dict[str, float]:

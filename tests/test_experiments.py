@@ -32,7 +32,7 @@ from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, perc
 from posleak.experiments.paper import QUICK, Reproduction, control_heads, head_list, lab_runs, sink_heads
 from posleak.intervene import Interventions
 from posleak.models.load import LoadedModel
-from posleak.pipeline.analysis import AnalysisResult, AnalyzeConfig, analyze_model
+from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model
 
 CLAIMS = ["C1", "C2", "C3", "C4", "C5", "C6"]
 QUICK_BUDGET_S = 25 * 60  # --quick is sized for 15 minutes on 2 cores; CI's machine may be shared

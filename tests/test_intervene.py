@@ -25,7 +25,7 @@ from posleak.measure import LAYER_MAGNITUDES, behaviour, measured_magnitudes
 from posleak.measure.behaviour import behaviour_table
 from posleak.measure.bootstrap import resample_weights
 from posleak.models.load import LoadedModel, load_model
-from posleak.pipeline.analysis import AnalysisResult, AnalyzeConfig, _sink_heads, analyze_model, sequences_for
+from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model, sequences_for, sink_heads_of
 
 T = 3 * WINDOW
 
@@ -178,13 +178,13 @@ def _verbatim(ids: torch.Tensor) -> TokenBatch:
 def test_sink_heads_of_a_model_built_with_them(
     logits: dict[tuple[int, int], float], expected: dict[int, tuple[int, ...]]
 ) -> None:
-    """`_sink_heads` returns exactly the heads whose analytic α_0 exceeds 0.3, including one just above and none
+    """`sink_heads_of` returns exactly the heads whose analytic α_0 exceeds 0.3, including one just above and none
     just below, and --ablate-sink-values auto turns them into key-0 ablations of those heads (no empty layer)."""
     analytic = sink_scores(logits, layers=3)
     assert {layer: tuple(analytic[layer].gt(0.3).nonzero().flatten().tolist()) for layer in range(3)} == expected
     batch = _verbatim(sink_ids())
     config = AnalyzeConfig(seq_len=SINK_T, num_seqs=batch.num_seqs, batch_size=2)
-    heads = _sink_heads(sink_model(logits), batch, config)
+    heads = sink_heads_of(sink_model(logits), batch, config)
     assert heads == expected
     edits = Interventions(ablate_sink_values="auto").attention_edits(heads)
     assert edits.ablate_key0 == {layer: chosen for layer, chosen in expected.items() if chosen}

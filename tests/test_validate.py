@@ -35,7 +35,7 @@ from tiny import tiny_checkpoint, tiny_tokenizer, word_corpus
 from posleak.data.batches import BOS_POLICIES, load_token_file, make_sequences
 from posleak.data.corpus import load_corpus
 from posleak.errors import PosleakError
-from posleak.pipeline.analysis import AnalysisResult
+from posleak.pipeline import AnalysisResult
 from posleak.store import LOCK, RunFolder
 
 # Small enough that a whole analysis takes a second or two; the corpus holds 4000 one-token words.

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from tqdm.auto import tqdm
-
-from posleak.capture import CaptureSession, QueryStats
-from posleak.data.batches import BOS_POLICIES, iter_batches, make_sequences, pos0_token
-from posleak.data.corpus import DEFAULT_CORPUS, load_corpus
+from posleak.data.batches import BOS_POLICIES, pos0_token
+from posleak.data.corpus import DEFAULT_CORPUS
 from posleak.device import Placement
 from posleak.errors import BadInput, PosleakError
 from posleak.models.load import load_model
+from posleak.pipeline import AnalyzeConfig, attention_stats, sequences_for
 
 
 def inspect_model(
@@ -46,21 +44,9 @@ def inspect_model(
         position0[policy] = (
             {"id": token, "text": tokenizer.decode([token])} if token is not None else "first content token"
         )
-    batch = make_sequences(
-        load_corpus(DEFAULT_CORPUS),
-        tokenizer,
-        seq_len,
-        num_seqs,
-        bos="auto",
-        seed=0,
-        max_len=loaded.facts.max_positions,
-    )
-    stats = QueryStats(entropy=False)
-    session = CaptureSession([stats])
-    chunks = list(iter_batches(batch, batch_size))
-    for seq_index, ids in tqdm(chunks, desc=f"sink rate {spec}", unit="batch", disable=not progress):
-        session.forward(loaded.model, ids, seq_index)
-    result = stats.result()
+    sampling = AnalyzeConfig(seq_len=seq_len, num_seqs=num_seqs, bos="auto", corpus=DEFAULT_CORPUS, seed=0)
+    batch = sequences_for(loaded, sampling)
+    result = attention_stats(loaded.model, batch, batch_size, desc=f"sink rate {spec}", progress=progress)
     return {
         "model": spec,
         "sha256": loaded.file_hash,

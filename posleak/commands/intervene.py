@@ -25,12 +25,11 @@ from posleak.intervene.spec import Interventions
 from posleak.measure import measured_magnitudes, percentile_interval
 from posleak.measure.behaviour import behaviour_lines, behaviour_table
 from posleak.models.load import LoadedModel
-from posleak.pipeline.analysis import (
+from posleak.pipeline import (
     AnalysisResult,
     AnalyzeConfig,
+    Preparation,
     analyze_model,
-    checked_model,
-    checked_sequences,
     finished_here,
     load_for,
     run_args,
@@ -39,7 +38,6 @@ from posleak.pipeline.analysis import (
 from posleak.report import figures
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
 from posleak.store import COMPLETE, RunFolder
-from posleak.validate import Problems, out_folder_problems
 
 OVERALL = -1  # the `layer` of the row that summarises all layers
 COMMAND = "intervene"  # recorded in the folder's arguments: an intervention folder is not an analysis one
@@ -107,23 +105,23 @@ def checked_intervention(
     """The baseline model and sequences and the run folder's arguments, once every option has been checked
     against the others, the model and the output folder (the baseline's and intervened run's folders
     included); BadInput lists every problem. Nothing is run on the model and nothing is written."""
-    problems = Problems()
-    problems.extend(out_folder_problems(out))
+    check = Preparation(out)
+    problems = check.problems
     interventions, bos_off = config.interventions, config.bos == "off"
     if interventions.is_empty and not bos_off:
         problems.add("posleak intervene needs at least one intervention option (see posleak intervene -h)")
     base = baseline_config(config)
-    if placement_problems := config.placement.problems():
-        problems.extend(placement_problems)  # no model loads where it cannot run
-        problems.raise_any()
-    loaded = checked_model(problems, spec, trust_remote_code, config.placement)
+    check.refuse_placement(config, with_options=False)
+    check.load(spec, trust_remote_code, config.placement)
+    loaded = check.loaded
     if bos_off and config.tokens is None and loaded is not None and loaded.tokenizer.bos_token_id is None:
         problems.add(
             f"--bos off as an intervention removes the BOS at position 0, and {spec}'s tokenizer has none; "
             "drop --bos off"
         )
         base = dataclasses.replace(base, bos="off")  # still check the other options on the sequences it can make
-    batch = checked_sequences(problems, loaded, base)
+    check.make_sequences(base)
+    batch = check.batch
     if bos_off and batch is not None and batch.bos_id is None and config.tokens is not None:
         problems.add(
             f"--bos off as an intervention removes the BOS at position 0, and the rows of {config.tokens} do not all "
@@ -131,24 +129,24 @@ def checked_intervention(
         )
     elif not bos_off and loaded is not None and batch is not None:
         problems.extend(token_file_bos_problems(loaded, batch, config))
-    bos_at_0 = None if batch is None else batch.bos_id is not None
+    bos_at_0 = check.bos_at_0
     if bos_off and interventions.replace_bos is not None:
         problems.add("--replace-bos acts on the BOS that --bos off removes; run them as two interventions")
         bos_at_0 = None
     problems.extend(interventions.problems(loaded, bos_at_0))
     args: dict[str, object] = {}
-    if loaded is not None and batch is not None and not problems.found:
+    if check.ready:
+        assert loaded is not None and batch is not None  # `ready`
         args = {**run_args(loaded.name, loaded, batch, config), "command": COMMAND}
-        runs = {
-            "": args,
-            "baseline": run_args(loaded.name, loaded, batch, base),
-            "intervened": run_args(loaded.name, loaded, without_bos(batch) if bos_off else batch, config),
-        }
-        for name, arguments in runs.items():
-            with problems.collecting():
-                RunFolder(Path(out) / name).state(arguments)
-    problems.raise_any()
-    assert loaded is not None and batch is not None  # no problem found, so both were made
+        intervened = without_bos(batch) if bos_off else batch
+        check.check_folders(
+            {
+                Path(out): args,
+                Path(out) / "baseline": run_args(loaded.name, loaded, batch, base),
+                Path(out) / "intervened": run_args(loaded.name, loaded, intervened, config),
+            }
+        )
+    loaded, batch = check.done()
     return loaded, batch, args
 
 

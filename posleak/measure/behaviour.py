@@ -15,7 +15,7 @@ BOS, T − 1 tokens) are aligned by the token predicted, not by position.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -24,9 +24,6 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from posleak.measure.bootstrap import percentile_interval, resample_weights
-
-if TYPE_CHECKING:
-    from posleak.pipeline.analysis import AnalysisResult
 
 TOKEN_COLUMNS = ("seq", "pos", "target", "nll", "correct")
 BUCKETS = ("first", "early", "middle", "late", "all")
@@ -38,6 +35,13 @@ MEASURES = ("loss", "accuracy")
 # weights are read once per 2048 rows.
 _LOGIT_ROWS = 2048
 _LOGIT_ELEMENTS = 1 << 22
+
+
+class ScoredRun(Protocol):
+    """A run that kept its next-token scores (an analysis result): its `token_table`, one row per prediction."""
+
+    @property
+    def tokens(self) -> pd.DataFrame: ...
 
 
 @torch.no_grad()
@@ -125,8 +129,8 @@ def aligned(baseline: pd.DataFrame, intervened: pd.DataFrame, shift: int) -> pd.
 
 
 def behaviour_table(
-    baseline: AnalysisResult,
-    intervened: AnalysisResult,
+    baseline: ScoredRun,
+    intervened: ScoredRun,
     *,
     early: int = 32,
     resamples: int = 200,

@@ -1,6 +1,33 @@
 """The one pipeline under every command: prepare (every check, all problems at once) → run (capture → measure →
 typed result) → write (tables, manifest, report)."""
 
-from posleak.pipeline.analysis import AnalysisResult, AnalyzeConfig, analyze_model
+from posleak.pipeline.config import AnalyzeConfig
+from posleak.pipeline.prepare import (
+    Preparation,
+    checked_model,
+    checked_sequences,
+    load_for,
+    prepare,
+    run_args,
+    sequences_for,
+    token_file_bos_problems,
+)
+from posleak.pipeline.result import AnalysisResult, finished_here
+from posleak.pipeline.run import analyze_model, attention_stats, sink_heads_of
 
-__all__ = ["AnalysisResult", "AnalyzeConfig", "analyze_model"]
+__all__ = [
+    "AnalysisResult",
+    "AnalyzeConfig",
+    "Preparation",
+    "analyze_model",
+    "attention_stats",
+    "checked_model",
+    "checked_sequences",
+    "finished_here",
+    "load_for",
+    "prepare",
+    "run_args",
+    "sequences_for",
+    "sink_heads_of",
+    "token_file_bos_problems",
+]

@@ -1,0 +1,194 @@
+"""Every check of a command's input before any work: the options against each other, the model's facts and the
+output folder, all problems refused at once (one BadInput); then the model and the sequences the run takes.
+
+`prepare` is the check of `analyze` (and of each analysis of a batch); `Preparation` holds its steps, so that a
+command with more to check (`intervene`: its own runs and the `--bos off` intervention) goes through the same
+ones. Nothing here runs the model or writes a file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posleak.data.batches import TokenBatch, load_token_file, make_sequences, shape_problems
+from posleak.data.corpus import load_corpus
+from posleak.device import Placement
+from posleak.intervene import Interventions
+from posleak.models.load import LoadedModel, load_model
+from posleak.pipeline.config import AnalyzeConfig
+from posleak.store import RunFolder
+from posleak.validate import Problems, out_folder_problems
+
+
+class Preparation:
+    """One command's input being checked: the model and sequences made so far and every problem found."""
+
+    def __init__(self, out: Path | str | None) -> None:
+        self.problems = Problems()
+        self.loaded: LoadedModel | None = None
+        self.batch: TokenBatch | None = None
+        if out is not None:
+            self.problems.extend(out_folder_problems(out))
+
+    def refuse_placement(self, config: AnalyzeConfig, with_options: bool = True) -> None:
+        """No model loads where it cannot run: where the placement is refused, refuse now what was found (and,
+        `with_options`, the problems of the options that need no model)."""
+        if placement_problems := config.placement.problems():
+            self.problems.extend(placement_problems)
+            if with_options:
+                self.problems.extend(config.problems(config.seq_len, config.num_seqs))
+            self.problems.raise_any()
+
+    def load(self, spec: str, trust_remote_code: bool, placement: Placement, base: LoadedModel | None = None) -> None:
+        """The model `spec` without load-time interventions (`base`: already loaded)."""
+        self.loaded = base if base is not None else checked_model(self.problems, spec, trust_remote_code, placement)
+
+    def make_sequences(self, config: AnalyzeConfig) -> None:
+        self.batch = checked_sequences(self.problems, self.loaded, config)
+
+    @property
+    def bos_at_0(self) -> bool | None:
+        """Whether the sequences start with the BOS (None: they could not be made)."""
+        return None if self.batch is None else self.batch.bos_id is not None
+
+    @property
+    def ready(self) -> bool:
+        """Model and sequences made and no problem found: the run folders can be checked."""
+        return self.loaded is not None and self.batch is not None and not self.problems.found
+
+    def check_folders(self, runs: dict[Path, dict[str, Any]]) -> None:
+        """Whether each run folder can hold its run (the arguments it would record); call only when `ready`."""
+        for path, arguments in runs.items():
+            with self.problems.collecting():
+                RunFolder(path).state(arguments)
+
+    def done(self) -> tuple[LoadedModel, TokenBatch]:
+        """The model and the sequences; BadInput with every problem found, if any."""
+        self.problems.raise_any()
+        assert self.loaded is not None and self.batch is not None  # no problem found, so both were made
+        return self.loaded, self.batch
+
+
+def prepare(
+    spec: str,
+    config: AnalyzeConfig,
+    out: Path | str | None,
+    trust_remote_code: bool = False,
+    base: LoadedModel | None = None,
+) -> tuple[LoadedModel, TokenBatch]:
+    """The model (without load-time interventions; `base`: already loaded) and the sequences of `analyze`, once
+    every option has been checked against the others, the model's facts and the output folder; BadInput lists
+    every problem. Nothing is run on the model and nothing is written."""
+    check = Preparation(out)
+    check.refuse_placement(config)
+    check.load(spec, trust_remote_code, config.placement, base)
+    check.make_sequences(config)
+    if check.loaded is not None and check.batch is not None:
+        check.problems.extend(token_file_bos_problems(check.loaded, check.batch, config))
+    check.problems.extend(config.interventions.problems(check.loaded, check.bos_at_0))
+    if out is not None and check.ready:
+        assert check.loaded is not None and check.batch is not None  # `ready`
+        check.check_folders({Path(out): run_args(check.loaded.name, check.loaded, check.batch, config)})
+    return check.done()
+
+
+def checked_model(
+    problems: Problems, spec: str, trust_remote_code: bool, placement: Placement | None = None
+) -> LoadedModel | None:
+    """The model `spec` without load-time interventions; None, with the reason in `problems`, if it will not load."""
+    with problems.collecting():
+        return load_model(spec, trust_remote_code=trust_remote_code, placement=placement)
+    return None
+
+
+def checked_sequences(problems: Problems, loaded: LoadedModel | None, config: AnalyzeConfig) -> TokenBatch | None:
+    """The sequences of `config` for `loaded` (None: it did not load), adding what stops them and every problem
+    of the options for their shape to `problems`; None when they cannot be made."""
+    if config.tokens is not None:
+        batch = None
+        with problems.collecting():
+            batch = sequences_for(loaded, config) if loaded is not None else load_token_file(config.tokens)
+        if batch is not None:
+            problems.extend(config.problems(batch.seq_len, batch.num_seqs))
+        return batch
+    options = config.problems(config.seq_len, config.num_seqs)
+    options += shape_problems(config.seq_len, None, loaded.facts.max_positions if loaded is not None else None)
+    problems.extend(options)
+    if loaded is None or options:
+        with problems.collecting():
+            load_corpus(config.corpus)  # the corpus's own problems, at least
+        return None
+    with problems.collecting():
+        return sequences_for(loaded, config)
+    return None
+
+
+def token_file_bos_problems(loaded: LoadedModel, batch: TokenBatch, config: AnalyzeConfig) -> list[str]:
+    """A token file is taken verbatim: --bos can only state what its first column holds."""
+    bos = loaded.tokenizer.bos_token_id
+    if config.bos == "on" and batch.bos_id is None:
+        has = f"the tokenizer's BOS id {bos}" if bos is not None else "a BOS (the tokenizer has none)"
+        return [
+            f"--bos on with --tokens: the rows of {batch.source_name} do not all start with {has}; a token file is "
+            "taken verbatim, so put the BOS in its first column or drop --bos on"
+        ]
+    if config.bos == "off" and batch.bos_id is not None:
+        return [
+            f"--bos off with --tokens: every row of {batch.source_name} starts with the BOS id {bos}; a token file "
+            "is taken verbatim, so remove that column or drop --bos off"
+        ]
+    return []
+
+
+def load_for(
+    spec: str,
+    interventions: Interventions,
+    trust_remote_code: bool = False,
+    base: LoadedModel | None = None,
+    placement: Placement | None = None,
+) -> LoadedModel:
+    """The model with the load-time interventions (RoPE scaling) applied to its config (`base`: the model
+    already loaded without them), where `placement` says."""
+    loaded = base if base is not None else load_model(spec, trust_remote_code=trust_remote_code, placement=placement)
+    overrides = interventions.config_overrides(loaded.model.config)
+    if overrides:
+        loaded = load_model(spec, trust_remote_code=trust_remote_code, config_overrides=overrides, placement=placement)
+    return loaded
+
+
+def sequences_for(loaded: LoadedModel, config: AnalyzeConfig) -> TokenBatch:
+    """The sequences of `config` for `loaded`: its token file, or sequences drawn from its corpus."""
+    max_len = loaded.facts.max_positions
+    if config.tokens is not None:
+        return load_token_file(
+            config.tokens, vocab_size=loaded.facts.vocab_size, max_len=max_len, bos_id=loaded.tokenizer.bos_token_id
+        )
+    return make_sequences(
+        load_corpus(config.corpus),
+        loaded.tokenizer,
+        config.seq_len,
+        config.num_seqs,
+        bos=config.bos,  # type: ignore[arg-type]
+        seed=config.seed,
+        cross_documents=config.cross_documents,
+        max_len=max_len,
+    )
+
+
+def run_args(model_id: str, loaded: LoadedModel | None, batch: TokenBatch, config: AnalyzeConfig) -> dict[str, Any]:
+    """What the resume fingerprint covers: the model file, the exact tokens, and every option."""
+    return {
+        "model": model_id,
+        "model_sha256": loaded.file_hash if loaded is not None else None,
+        "tokens_sha256": _tokens_hash(batch.ids),
+        "config": dataclasses.asdict(config),
+    }
+
+
+def _tokens_hash(ids: torch.Tensor) -> str:
+    return hashlib.sha256(ids.numpy().tobytes()).hexdigest()

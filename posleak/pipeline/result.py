@@ -1,0 +1,48 @@
+"""The typed result of one analysis run (`AnalysisResult`), and reading a finished run folder back."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from posleak.pipeline.config import AnalyzeConfig
+from posleak.store import RunFolder
+
+
+@dataclass
+class AnalysisResult:
+    """The tables of one run (the run folder holds the same as Parquet) and its manifest."""
+
+    per_head: pd.DataFrame
+    per_layer: pd.DataFrame
+    profiles: pd.DataFrame
+    offset_map: pd.DataFrame
+    position0: pd.DataFrame  # resid index, fingerprint constancy and closed-system spread of h_0
+    bootstrap: pd.DataFrame  # per resample and layer, the mean over heads of each magnitude (paired runs)
+    manifest: dict[str, Any]
+    run: RunFolder | None = None
+    # per sequence and query position: next-token loss and top-1 hit (posleak.measure.behaviour)
+    tokens: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    TABLES = ("per_head", "per_layer", "profiles", "offset_map", "position0", "bootstrap")
+
+    @classmethod
+    def read(cls, run: RunFolder) -> AnalysisResult:
+        tables = {name: run.read_table(name) for name in cls.TABLES}
+        # a folder finished before next-token scores were kept has no tokens table; it reads back without
+        tokens = run.read_table("tokens") if run.table_path("tokens").is_file() else pd.DataFrame()
+        return cls(**tables, manifest=run.read_manifest(), run=run, tokens=tokens)
+
+
+def finished_here(run: RunFolder, spec: str, config: AnalyzeConfig, command: str | None = None) -> bool:
+    """Whether `run` holds this run of `command` (None: analyze), finished: judged by the model spec and the
+    options it recorded, so that a finished run is read back without loading the model."""
+    if not run.is_complete:
+        return False
+    args = run.read_manifest().get("args") or {}
+    same_config = args.get("config") == json.loads(json.dumps(dataclasses.asdict(config)))
+    return same_config and args.get("model") == spec and args.get("command") == command

@@ -1,0 +1,274 @@
+"""Running one analysis: forward passes with posleak's attention, capturing each layer's q, k and log Z
+(capture/store.py) and the position-0 residual states → one pass over each layer's logits that measures it
+(measure/decomposition.py) → the typed result, written to the run folder (pipeline/write.py). Every finished
+batch and every measured layer is kept in the run folder's `.partial/`, so an interrupted run, rerun with the
+same arguments, resumes where it stopped; one process at a time holds the folder.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from posleak.capture import (
+    AttentionCall,
+    CaptureSession,
+    QueryStats,
+    ResidualCapture,
+    closed_system,
+    require_closed_system,
+)
+from posleak.capture.query_stats import QueryStatsResult
+from posleak.capture.store import CaptureFolder, CaptureMemory, Captures, QKRecorder
+from posleak.data.batches import TokenBatch, iter_batches
+from posleak.errors import BadInput, PosleakError
+from posleak.measure import Decomposition, LayerResult, MeasureSpec, measure_layer
+from posleak.measure.behaviour import next_token_scores, token_table
+from posleak.models.load import LoadedModel
+from posleak.pipeline.config import AnalyzeConfig, tables_grid
+from posleak.pipeline.prepare import run_args
+from posleak.pipeline.result import AnalysisResult
+from posleak.pipeline.write import result_tables, run_manifest, write_run
+from posleak.store import COMPLETE, RunFolder
+
+# Without a run folder (nothing to resume), captures up to this size stay in memory instead of a temporary folder.
+MEMORY_CAPTURES_BYTES = 1 << 30
+# glibc's largest dynamic mmap threshold on 64-bit systems (DEFAULT_MMAP_THRESHOLD_MAX): see _freed_memory_kept
+_MMAP_CEILING = 32 << 20
+
+
+def analyze_model(
+    model: PreTrainedModel,
+    batch: TokenBatch,
+    config: AnalyzeConfig,
+    *,
+    out: Path | str | None = None,
+    loaded: LoadedModel | None = None,
+    model_id: str | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    progress: bool = True,
+) -> AnalysisResult:
+    """Analyse `batch` on `model` (already switched to posleak attention).
+
+    Two stages: forward passes that capture each layer's q, k and log Z (one file per batch, the run's
+    checkpoint), then one pass over each layer's logits that measures it (one checkpoint per layer).
+    `loaded` supplies provenance for a checkpoint (its id and file hash); a lab model passes `model_id`.
+    """
+    tokenizer = loaded.tokenizer if loaded is not None else tokenizer
+    model_id = loaded.name if loaded is not None else (model_id or type(model).__name__)
+    # Any N: with one sequence the noise-corrected magnitudes are NaN (docs/method.md §3); the commands,
+    # `analyze` and `intervene`, refuse that before loading anything.
+    if problems := config.problems(batch.seq_len, None):
+        raise BadInput(problems)
+    if out is None:
+        return _analyze(model, batch, config, None, loaded, model_id, tokenizer, progress)
+    run = RunFolder(Path(out))
+    with run.claim(run_args(model_id, loaded, batch, config)) as state:  # one process at a time
+        if state == COMPLETE:
+            return AnalysisResult.read(run)
+        return _analyze(model, batch, config, run, loaded, model_id, tokenizer, progress)
+
+
+def _analyze(
+    model: PreTrainedModel,
+    batch: TokenBatch,
+    config: AnalyzeConfig,
+    run: RunFolder | None,
+    loaded: LoadedModel | None,
+    model_id: str,
+    tokenizer: PreTrainedTokenizerBase | None,
+    progress: bool,
+) -> AnalysisResult:
+    """Capture, measure, and build the result; with a run folder, write it there and mark it finished."""
+    table_grid = tables_grid(config, batch.seq_len)
+    started = time.perf_counter()
+    with _captures(run, model, batch) as captures:
+        sink_heads = _capture(model, batch, config, captures, tokenizer, model_id, progress)
+        forward_s = time.perf_counter() - started
+        states = torch.cat(captures.extra("pos0"), dim=1)
+        closed = closed_system(states, states[0])  # group by the vector at position 0 (after interventions)
+        require_closed_system(closed)
+        windows = [window for layer in captures.layers() if (window := captures.facts(layer).window)]
+        spec = MeasureSpec(
+            batch.seq_len,
+            batch.num_seqs,
+            table_grid,
+            early=config.early,
+            resamples=config.bootstrap,
+            seed=config.seed,
+            beyond=min(windows, default=None),
+        )
+        measured = Decomposition.of(_measure(captures, spec, run, model_id, progress), spec)
+        measure_s = time.perf_counter() - started - forward_s
+        nll, correct = torch.cat(captures.extra("nll")), torch.cat(captures.extra("correct"))
+    result = result_tables(measured, states, closed)
+    result.tokens = token_table(nll, correct, batch.ids)
+    timings = {
+        "forward_s": round(forward_s, 3),
+        "measure_s": round(measure_s, 3),
+        "total_s": round(time.perf_counter() - started, 3),
+    }
+    manifest = run_manifest(model, model_id, loaded, batch, config, tokenizer, measured, closed, sink_heads, timings)
+    result.manifest = manifest
+    if run is not None:
+        write_run(run, result)
+        run.finish(manifest)
+        result.run = run
+    return result
+
+
+@contextmanager
+def _captures(run: RunFolder | None, model: PreTrainedModel, batch: TokenBatch) -> Iterator[Captures]:
+    """The run's own capture folder (kept for a resume until the run finishes); without a run folder, memory
+    when the captures fit MEMORY_CAPTURES_BYTES, else a temporary folder."""
+    if run is not None:
+        yield CaptureFolder(run.partial_dir / "captures")
+        return
+    if capture_bytes(model, batch) <= MEMORY_CAPTURES_BYTES:
+        yield CaptureMemory()
+        return
+    with tempfile.TemporaryDirectory(prefix="posleak-captures-") as folder:
+        yield CaptureFolder(Path(folder))
+
+
+def capture_bytes(model: PreTrainedModel, batch: TokenBatch) -> int:
+    """What the captures of `batch` take: per layer and sequence, q, distinct keys and log Z in float32."""
+    config = model.config.get_text_config(decoder=True)
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    per_layer = batch.num_seqs * batch.seq_len * ((heads + kv) * dim + heads) * 4
+    return per_layer * config.num_hidden_layers
+
+
+def _capture(
+    model: PreTrainedModel,
+    batch: TokenBatch,
+    config: AnalyzeConfig,
+    captures: Captures,
+    tokenizer: PreTrainedTokenizerBase | None,
+    model_id: str,
+    progress: bool,
+) -> dict[int, tuple[int, ...]] | None:
+    """Run every batch not captured yet; returns the sink heads an `auto` ablation chose (else None)."""
+    interventions = config.interventions
+    sink_heads = sink_heads_of(model, batch, config) if interventions.needs_sink_heads else None
+    chunks = list(iter_batches(batch, config.batch_size))
+    todo = [index for index in range(len(chunks)) if not captures.has(index)]
+    if not todo:
+        return sink_heads
+    bar = tqdm(
+        total=len(chunks),
+        initial=len(chunks) - len(todo),
+        desc=f"forward {model_id}",
+        unit="batch",
+        disable=not progress,
+    )
+    recorder = QKRecorder(captures)
+    layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    session = CaptureSession([recorder, LayerProgress(bar, layers)], edits=interventions.attention_edits(sink_heads))
+    # the bar as a context: closed (its line ended) before an error is printed below it
+    with bar, interventions.applied(model, tokenizer, bos_at_0=batch.bos_id is not None):
+        for index in todo:
+            seq_index, ids = chunks[index]
+            recorder.batch = index
+            with ResidualCapture(model, positions=[0]) as residual:
+                output = session.forward(model, ids, seq_index)
+            pos0 = residual.states()[:, :, 0]
+            _check_finite(pos0, model_id)
+            # the model's own predictions from this same forward (interventions included): no second pass
+            nll, correct = next_token_scores(model, output.last_hidden_state, ids)
+            captures.finish_batch(index, seq_index, {"pos0": pos0, "nll": nll, "correct": correct})
+            bar.update(1)
+    return sink_heads
+
+
+def _measure(
+    captures: Captures, spec: MeasureSpec, run: RunFolder | None, model_id: str, progress: bool
+) -> list[LayerResult]:
+    """Measure every layer from its captures; each finished layer is kept for a resume."""
+    results = []
+    bar = tqdm(captures.layers(), desc=f"measure {model_id}", unit="layer", disable=not progress)
+    with bar as layers, _freed_memory_kept():
+        for layer in layers:
+            state = run.load_partial(f"layer{layer}") if run is not None else None
+            if state is None:
+                result = measure_layer(captures.layer(layer), spec)
+                if run is not None:
+                    run.save_partial(f"layer{layer}", result.state())
+            else:
+                result = LayerResult.from_state(state, spec)
+            results.append(result)
+    return results
+
+
+@contextmanager
+def _freed_memory_kept() -> Iterator[None]:
+    """Let glibc keep freed memory in the heap for reuse while the layers are measured. Each layer allocates
+    and frees the same large temporaries; handed back to the system, they fault in page by page again for the
+    next layer, a quarter of the measurement's time. Elsewhere than glibc this does nothing.
+
+    glibc cannot go back to its dynamic thresholds once they are set (its first default, 128 KB, rises to the
+    size of each mapped block freed, up to 32 MB, with the trim threshold at twice that). Pinned at 128 KB they
+    would map every later block over 128 KB afresh: the forwards of a later analysis in the same process took
+    18 to 19 s instead of 16 to 17 s (smollm2-135m, T = 2048, N = 4). So afterwards they stay where the
+    dynamic ones end in a process that frees large blocks: 32 MB and 64 MB."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):
+        yield
+        return
+    trim, mmap = -1, -3  # M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
+    # Blocks up to 32 MB come from the heap and stay there; larger ones are mapped and handed back, so that
+    # what the heap keeps cannot fragment into more than the largest layer's temporaries (T = 8192: a heap
+    # that kept everything grew by 35 MB a layer, 1 GB over smollm2's 30 layers)
+    mallopt(mmap, _MMAP_CEILING)
+    mallopt(trim, 256 << 20)
+    try:
+        yield
+    finally:
+        mallopt(trim, 2 * _MMAP_CEILING)
+
+
+class LayerProgress:
+    """An accumulator that only shows, on the batch bar, which layer the forward has reached."""
+
+    needs_attended_keys = False
+
+    def __init__(self, bar: tqdm, layers: int) -> None:
+        self.bar, self.layers = bar, layers
+
+    def update(self, call: AttentionCall) -> None:
+        self.bar.set_postfix_str(f"layer {call.layer + 1}/{self.layers}", refresh=True)
+
+
+def _check_finite(states: torch.Tensor, model_id: str) -> None:
+    if not torch.isfinite(states).all():
+        layer = int((~torch.isfinite(states)).flatten(1).any(1).nonzero()[0])
+        raise PosleakError(f"{model_id}: NaN or Inf in the activations at resid[{layer}]; check the dtype and weights")
+
+
+def sink_heads_of(model: PreTrainedModel, batch: TokenBatch, config: AnalyzeConfig) -> dict[int, tuple[int, ...]]:
+    """Heads with α_0 > ε on these sequences without any intervention (for --ablate-sink-values auto)."""
+    heads = attention_stats(model, batch, config.batch_size).sink_heads
+    return {layer: tuple(heads[layer].nonzero().flatten().tolist()) for layer in range(heads.shape[0])}
+
+
+def attention_stats(
+    model: PreTrainedModel, batch: TokenBatch, batch_size: int, *, desc: str | None = None, progress: bool = False
+) -> QueryStatsResult:
+    """Sink scores and rates of `batch` on `model` as it is (no capture kept); `desc`: the label of a batch bar."""
+    stats = QueryStats(entropy=False)
+    session = CaptureSession([stats])
+    chunks = list(iter_batches(batch, batch_size))
+    for seq_index, ids in tqdm(chunks, desc=desc, unit="batch", disable=not progress):
+        session.forward(model, ids, seq_index)
+    return stats.result()
