@@ -43,8 +43,9 @@ from posleak.lab.tasks import generate
 from posleak.lab.trainer import TrainConfig, lab_sequences, prepare_data, train
 from posleak.lab.trial import MARKER, EvalConfig, Trial, trial_folder
 from posleak.measure.probe import PROBE_COLUMNS, ProbeConfig, probe_positions
-from posleak.models.lab.config import NORMS, PE_KINDS, LabConfig, LabSpec
-from posleak.models.lab.model import LabForCausalLM, build_lab_model, load_lab_model
+from posleak.models.lab.config import NORMS, PE_KINDS, LabSpec
+from posleak.models.lab.hf_config import LabConfig
+from posleak.models.lab.model import LabForCausalLM, build_lab_model, load_lab_model, register_lab_model
 
 VOCAB = 96
 T = 48
@@ -328,6 +329,7 @@ def test_trainer_lowers_the_loss_and_saves_a_loadable_model(tmp_path: Path) -> N
     val = metrics["val_loss"].dropna()
     assert val.iloc[-1] < metrics["train_loss"].iloc[0] - 0.8
     assert pd.read_parquet(tmp_path / "metrics.parquet").equals(metrics)
+    register_lab_model()
     model = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert isinstance(model, LabForCausalLM)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)

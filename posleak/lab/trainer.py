@@ -61,7 +61,8 @@ from posleak.device import DEVICES, DTYPES, Placement
 from posleak.errors import BadInput, PosleakError
 from posleak.lab.tasks import TASKS, TaskBatch, generate, length_problems, parse_tasks, task_tokenizer
 from posleak.lab.tokenizer import train_tokenizer
-from posleak.models.lab.config import LabConfig, LabSpec
+from posleak.models.lab.config import LabSpec
+from posleak.models.lab.hf_config import LabConfig
 from posleak.models.lab.model import LabForCausalLM, build_lab_model, load_lab_model, quiet_transformers
 from posleak.validate import out_folder_problems
 

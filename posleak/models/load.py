@@ -19,11 +19,11 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-import posleak.models.lab.model  # noqa: F401 - registers the lab model type with transformers' Auto classes
 from posleak.device import Placement
 from posleak.errors import PosleakError
 from posleak.models import zoo
 from posleak.models.facts import ModelFacts
+from posleak.models.lab.model import register_lab_model
 
 _PICKLES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -74,6 +74,7 @@ def load_model(
         source_hash = file_hash if gguf else None
     placement = placement or Placement()
     dtype = dtype or placement.torch_dtype()
+    register_lab_model()  # so that the Auto classes read a lab checkpoint folder (model_type posleak_lab)
     model, tokenizer = _read(spec, folder, gguf, dtype, trust_remote_code, config_overrides, placement)
     return LoadedModel(
         model=model,
