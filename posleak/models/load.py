@@ -22,6 +22,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from posleak.device import Placement
 from posleak.errors import PosleakError
 from posleak.models import zoo
+from posleak.models.builtin import ZOO
 from posleak.models.facts import ModelFacts
 from posleak.models.lab.model import register_lab_model
 
@@ -64,7 +65,7 @@ def load_model(
     built, e.g. {"rope_parameters": {...}} or {"sliding_window": 128}; unknown fields are refused.
     `cache` is the zoo's cache root for built-in names (default: $POSLEAK_CACHE, ~/.cache/posleak).
     """
-    if spec in zoo.ZOO:
+    if spec in ZOO:
         stamp = zoo.verify(spec, cache)  # hashes every file, so the stamp's hashes describe what loads
         folder, gguf = zoo.model_dir(spec, cache), None
         file_hash, source_hash = stamp.weights_sha256, stamp.gguf_sha256
@@ -95,7 +96,7 @@ def _resolve(spec: str, trust_remote_code: bool) -> tuple[Path, str | None]:
     if _HUB_ID.match(spec):
         return _locate(_download_hub(spec, trust_remote_code))
     raise PosleakError(
-        f"no model {spec!r}: not a built-in name ({', '.join(zoo.ZOO)}), an existing folder, or a hub id (owner/name)"
+        f"no model {spec!r}: not a built-in name ({', '.join(ZOO)}), an existing folder, or a hub id (owner/name)"
     )
 
 
