@@ -20,7 +20,9 @@ from pathlib import Path
 
 import torch
 
-from posleak.lab.trainer import MAX_LENGTH_MULTIPLE, BatchOrder, TrainConfig, lab_sequences, prepare_data, train
+from posleak.lab.data import BatchOrder, lab_sequences, prepare_data
+from posleak.lab.train_config import MAX_LENGTH_MULTIPLE
+from posleak.lab.trainer import TrainConfig, train
 from posleak.models.lab.config import LabSpec
 from posleak.models.lab.model import build_lab_model
 

@@ -27,8 +27,8 @@ from posleak.data.batches import (
     load_token_file,
     make_sequences,
     pos0_token,
-    tokenizer_prepends_bos,
 )
+from posleak.data.bos import tokenizer_prepends_bos
 from posleak.data.corpus import MIN_DOCSTRING_CHARS, Corpus, fingerprint_documents, load_corpus, make_corpus
 from posleak.data.nulls import make_null
 from posleak.errors import PosleakError

@@ -35,16 +35,18 @@ from posleak.capture import CaptureSession, QueryStats, use_posleak_attention
 from posleak.capture.session import AttentionCall
 from posleak.cli import main
 from posleak.errors import PosleakError
-from posleak.lab import trainer as trainer_module
+from posleak.lab import checkpoint as checkpoint_module
 from posleak.lab.choices import TASK_EVAL, TASK_TRAIN, TaskLab
 from posleak.lab.compare import LAB_COLUMNS, LabRun, run_lab
+from posleak.lab.data import lab_sequences, prepare_data
 from posleak.lab.sweep import SweepSpec, run_sweep
 from posleak.lab.tasks import generate
-from posleak.lab.trainer import TrainConfig, lab_sequences, prepare_data, train
+from posleak.lab.trainer import TrainConfig, train
 from posleak.lab.trial import MARKER, EvalConfig, Trial, trial_folder
 from posleak.measure.probe import PROBE_COLUMNS, ProbeConfig, probe_positions
-from posleak.models.lab.config import NORMS, PE_KINDS, LabConfig, LabSpec
-from posleak.models.lab.model import LabForCausalLM, build_lab_model, load_lab_model
+from posleak.models.lab.config import NORMS, PE_KINDS, LabSpec
+from posleak.models.lab.hf_config import LabConfig
+from posleak.models.lab.model import LabForCausalLM, build_lab_model, load_lab_model, register_lab_model
 
 VOCAB = 96
 T = 48
@@ -328,6 +330,7 @@ def test_trainer_lowers_the_loss_and_saves_a_loadable_model(tmp_path: Path) -> N
     val = metrics["val_loss"].dropna()
     assert val.iloc[-1] < metrics["train_loss"].iloc[0] - 0.8
     assert pd.read_parquet(tmp_path / "metrics.parquet").equals(metrics)
+    register_lab_model()
     model = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert isinstance(model, LabForCausalLM)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
@@ -516,7 +519,7 @@ def test_training_interrupted_off_a_checkpoint_resumes_to_the_same_run(
             train(RESUME_SPEC, RESUME_TRAIN, tmp_path, progress=False)
     else:
         saves = [0]
-        real_save_file = trainer_module.save_file
+        real_save_file = checkpoint_module.save_file
 
         def save_file(tensors: dict[str, torch.Tensor], path: str) -> None:  # the optimizer state of a checkpoint
             saves[0] += 1
@@ -524,7 +527,7 @@ def test_training_interrupted_off_a_checkpoint_resumes_to_the_same_run(
                 raise KeyboardInterrupt
             real_save_file(tensors, path)
 
-        monkeypatch.setattr(trainer_module, "save_file", save_file)
+        monkeypatch.setattr(checkpoint_module, "save_file", save_file)
         with pytest.raises(KeyboardInterrupt):
             train(RESUME_SPEC, RESUME_TRAIN, tmp_path, progress=False)
         monkeypatch.undo()

@@ -71,13 +71,7 @@ def posleak_attention(
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     """The AttentionInterface signature: q (B, H, T, D), k and v (B, KV, T, D) → (B, T, H, Dv)."""
-    if attention_mask is not None:
-        raise PosleakError(
-            "posleak's attention builds its own causal and window masks; pass unpadded input_ids "
-            "without an attention mask"
-        )
-    if query.shape[-2] != key.shape[-2]:
-        raise PosleakError("posleak analyses whole sequences in one forward; disable the KV cache (use_cache=False)")
+    _refuse_unsupported(query, key, attention_mask)
     session = active_session()
     scaling = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
     norm = str(kwargs.get("posleak_norm", "softmax"))
@@ -98,18 +92,7 @@ def posleak_attention(
     layer = int(module.layer_idx)
     spec = session.edits.mask_for(spec)
     with_keys = norm == "softmax" and session.needs_attended_keys
-    if softcap is None and norm == "softmax" and _has_fused_kernel(query.device):
-        if with_keys:
-            # The fused kernels want one head size: zero-padding q and k keeps every logit.
-            pad = (0, value.shape[-1])
-            out, log_z_keys = _attend_fused(
-                F.pad(query, pad), F.pad(key, pad), torch.cat([value, key], dim=-1), spec, scaling
-            )
-        else:
-            out, log_z_keys = _attend_fused(query, key, value, spec, scaling)
-    else:
-        values_in = torch.cat([value, key], dim=-1) if with_keys else value
-        out, log_z_keys = attend_materialised(query, key, values_in, spec, scaling, softcap, None, norm)
+    out, log_z_keys = _attend_captured(query, key, value, spec, scaling, softcap, norm, with_keys)
     out, log_z = _with_sink(out, log_z_keys, s_aux)
     output, attended_keys = (out[..., : value.shape[-1]], out[..., value.shape[-1] :]) if with_keys else (out, None)
     call = AttentionCall(
@@ -132,6 +115,39 @@ def posleak_attention(
     call.output = session.edits.ablate_key0_values(call)
     session.record(call)
     return call.output.transpose(1, 2).contiguous(), None
+
+
+def _refuse_unsupported(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
+    """A padding mask or a KV cache: posleak analyses whole unpadded sequences in one forward."""
+    if attention_mask is not None:
+        raise PosleakError(
+            "posleak's attention builds its own causal and window masks; pass unpadded input_ids "
+            "without an attention mask"
+        )
+    if query.shape[-2] != key.shape[-2]:
+        raise PosleakError("posleak analyses whole sequences in one forward; disable the KV cache (use_cache=False)")
+
+
+def _attend_captured(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    spec: MaskSpec,
+    scaling: float,
+    softcap: float | None,
+    norm: str,
+    with_keys: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A captured call's output and log Z over the keys (no sink yet), fused where a kernel allows; with
+    `with_keys` the output carries the attention-weighted keys after the values."""
+    if softcap is None and norm == "softmax" and _has_fused_kernel(query.device):
+        if with_keys:
+            # The fused kernels want one head size: zero-padding q and k keeps every logit.
+            pad = (0, value.shape[-1])
+            return _attend_fused(F.pad(query, pad), F.pad(key, pad), torch.cat([value, key], dim=-1), spec, scaling)
+        return _attend_fused(query, key, value, spec, scaling)
+    values_in = torch.cat([value, key], dim=-1) if with_keys else value
+    return attend_materialised(query, key, values_in, spec, scaling, softcap, None, norm)
 
 
 def _attend_uncaptured(

@@ -58,10 +58,6 @@ class MaskSpec:
         """The T×T additive mask (0 or −inf) the flash kernel takes. Cached like `dense`."""
         return _additive(self, seq_len, dtype, str(device))
 
-    def key_counts(self, seq_len: int) -> torch.Tensor:
-        """Number of valid keys of each query, shape (T,)."""
-        return self.dense(seq_len).sum(-1)
-
 
 @lru_cache(maxsize=8)
 def _dense(spec: MaskSpec, seq_len: int, device: str) -> torch.Tensor:

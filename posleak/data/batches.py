@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 import numpy as np
 import torch
 
+from posleak.data.bos import tokenizer_prepends_bos
 from posleak.data.corpus import Corpus
 from posleak.errors import BadInput, PosleakError
 
@@ -29,9 +30,6 @@ if TYPE_CHECKING:
 BosPolicy = Literal["auto", "on", "off"]
 BOS_POLICIES: tuple[str, ...] = get_args(BosPolicy)
 VERBATIM = "verbatim"
-
-# Any short text serves: only whether the tokenizer puts its BOS in front is looked at.
-_PROBE_TEXT = "Position probe."
 
 
 @dataclass(frozen=True)
@@ -76,16 +74,6 @@ class TokenBatch:
             "null": self.null,
             "null_seed": self.null_seed,
         }
-
-
-def tokenizer_prepends_bos(tokenizer: PreTrainedTokenizerBase) -> bool:
-    """Whether encoding with special tokens puts the tokenizer's BOS in front of the text."""
-    bos = tokenizer.bos_token_id
-    if bos is None:
-        return False
-    with_special = tokenizer(_PROBE_TEXT, add_special_tokens=True)["input_ids"]
-    without = tokenizer(_PROBE_TEXT, add_special_tokens=False)["input_ids"]
-    return bool(with_special) and with_special[0] == bos and without[:1] != [bos]
 
 
 def pos0_token(tokenizer: PreTrainedTokenizerBase, policy: BosPolicy) -> int | None:

@@ -39,21 +39,10 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
+from posleak.lab.data import TASK_ANALYSIS, TASK_EVAL, TASK_PROBE, LabData, lab_sequences, prepare_data, task_rows
 from posleak.lab.tasks import TASKS, TaskBatch, solved, task_tokenizer
 from posleak.lab.tasks.vocab import BOS
-from posleak.lab.trainer import (
-    TASK_ANALYSIS,
-    TASK_EVAL,
-    TASK_PROBE,
-    LabData,
-    TrainConfig,
-    evaluate_loss,
-    lab_sequences,
-    prepare_data,
-    task_rows,
-    torch_threads,
-    train,
-)
+from posleak.lab.trainer import TrainConfig, evaluate_loss, torch_threads, train
 from posleak.measure.probe import ProbeConfig, best_r2, probe_positions
 from posleak.models.lab.config import LabSpec
 from posleak.models.lab.model import LabForCausalLM, load_lab_model

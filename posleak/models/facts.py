@@ -2,7 +2,7 @@
 
 `ModelFacts` is the one place that interprets a transformers config: the per-layer attention type,
 window and RoPE parameters (transformers 5 keeps these in `config.rope_parameters`, which Gemma 3
-keys by layer type), and whether the tokenizer prepends BOS on its own.
+keys by layer type), and whether the tokenizer prepends BOS on its own (`posleak.data.bos`).
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from posleak.data.bos import tokenizer_prepends_bos
+
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
-# Any text gives the answer; this one starts with no special token in any vocabulary we know.
-_PROBE_TEXT = "Position"
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class ModelFacts:
             rope_type=tuple(p.get("rope_type", "default") if p else None for p in rope),
             rope_factor=tuple(_float_or_none(p.get("factor")) for p in rope),
             rotary_dim=tuple(int(head_dim * p.get("partial_rotary_factor", 1.0)) if p else None for p in rope),
-            auto_bos=_prepends_bos(tokenizer),
+            auto_bos=tokenizer_prepends_bos(tokenizer),
             bos_token=tokenizer.bos_token if bos_id is not None else None,
             bos_token_id=bos_id,
         )
@@ -116,16 +116,6 @@ def _rope_for(config: PretrainedConfig, layer_type: str) -> dict[str, Any]:
     params = getattr(config, "rope_parameters", None) or {}
     per_type = params.get(layer_type)
     return per_type if isinstance(per_type, dict) else params
-
-
-def _prepends_bos(tokenizer: PreTrainedTokenizerBase) -> bool:
-    """Encode a probe with and without special tokens: BOS is automatic when only the former starts with it."""
-    bos = tokenizer.bos_token_id
-    if bos is None:
-        return False
-    with_special = tokenizer(_PROBE_TEXT, add_special_tokens=True)["input_ids"]
-    without = tokenizer(_PROBE_TEXT, add_special_tokens=False)["input_ids"]
-    return with_special[:1] == [bos] and without[:1] != [bos]
 
 
 def _float_or_none(value: Any) -> float | None:

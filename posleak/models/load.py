@@ -19,11 +19,12 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-import posleak.models.lab.model  # noqa: F401 - registers the lab model type with transformers' Auto classes
 from posleak.device import Placement
 from posleak.errors import PosleakError
 from posleak.models import zoo
+from posleak.models.builtin import ZOO
 from posleak.models.facts import ModelFacts
+from posleak.models.lab.model import register_lab_model
 
 _PICKLES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -64,7 +65,7 @@ def load_model(
     built, e.g. {"rope_parameters": {...}} or {"sliding_window": 128}; unknown fields are refused.
     `cache` is the zoo's cache root for built-in names (default: $POSLEAK_CACHE, ~/.cache/posleak).
     """
-    if spec in zoo.ZOO:
+    if spec in ZOO:
         stamp = zoo.verify(spec, cache)  # hashes every file, so the stamp's hashes describe what loads
         folder, gguf = zoo.model_dir(spec, cache), None
         file_hash, source_hash = stamp.weights_sha256, stamp.gguf_sha256
@@ -74,6 +75,7 @@ def load_model(
         source_hash = file_hash if gguf else None
     placement = placement or Placement()
     dtype = dtype or placement.torch_dtype()
+    register_lab_model()  # so that the Auto classes read a lab checkpoint folder (model_type posleak_lab)
     model, tokenizer = _read(spec, folder, gguf, dtype, trust_remote_code, config_overrides, placement)
     return LoadedModel(
         model=model,
@@ -94,7 +96,7 @@ def _resolve(spec: str, trust_remote_code: bool) -> tuple[Path, str | None]:
     if _HUB_ID.match(spec):
         return _locate(_download_hub(spec, trust_remote_code))
     raise PosleakError(
-        f"no model {spec!r}: not a built-in name ({', '.join(zoo.ZOO)}), an existing folder, or a hub id (owner/name)"
+        f"no model {spec!r}: not a built-in name ({', '.join(ZOO)}), an existing folder, or a hub id (owner/name)"
     )
 
 

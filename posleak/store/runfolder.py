@@ -1,9 +1,7 @@
 """Run folders: the on-disk form of every posleak result.
 
 A run folder holds Parquet tables (`NAME.parquet`), `manifest.json` (provenance), `figures/*.png` and
-`report.html`. Every file is written atomically (a temp file in the same folder, then `os.replace`), so a
-crash, Ctrl-C or SIGKILL leaves either the old file or the new one, never half of one; a full disk ends in
-a one-line error naming the file, and the folder resumes once there is space again.
+`report.html`. Every file is written atomically (`posleak.store.atomic`).
 
 States: `begin(args)` writes `manifest.json` with `"status": "partial"`, the fingerprint of the arguments
 that determine the result and the arguments themselves; `finish` rewrites it with `"status": "complete"`.
@@ -11,89 +9,36 @@ So a folder is either complete or says in its manifest that it is not, whenever 
 pieces of work go to `.partial/` through `save_partial` and come back through `load_partial` on the next
 attempt with the same arguments; a folder that holds a different run is refused.
 
-One writer at a time: `claim(args)` holds an exclusive `flock` on `.lock` in the folder for the block
-(the holder's pid, host and start time are written in it, so a refusal can name it). The operating system
-drops the lock when its process dies, however it dies; the file is removed when the block ends.
+One writer at a time: `claim(args)` holds the folder's lock (`posleak.store.lock`) for the block.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
-import os
-import platform
 import re
-import secrets
 import shutil
-import socket
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
-from importlib import metadata
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import Any, Literal
 
 import pandas as pd
 import torch
 
-import posleak
-from posleak.errors import PosleakError, is_disk_full
+from posleak.errors import PosleakError
+from posleak.store.atomic import atomic_write, is_temp_file
+from posleak.store.lock import LOCK, hold_lock, refuse_if_held
+from posleak.store.manifest import fingerprint, utc_now
 
 MANIFEST = "manifest.json"
 REPORT = "report.html"
 PARTIAL = ".partial"
-LOCK = ".lock"
 COMPLETE = "complete"
 IN_PROGRESS = "partial"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 RunState = Literal["new", "resume", "complete"]
-
-
-@contextmanager
-def disk_full_as_error(target: Path) -> Iterator[None]:
-    """Turn running out of space while writing `target` into a one-line PosleakError."""
-    try:
-        yield
-    except Exception as err:
-        if is_disk_full(err):
-            raise PosleakError(
-                f"disk full while writing {target}; free space and rerun the same command to resume"
-            ) from None
-        raise
-
-
-def atomic_write(target: Path, write: Callable[[IO[bytes]], None], sync: bool = True) -> Path:
-    """Write `target` through `write(file)` into a temp file beside it, then move it into place.
-
-    The temp file lives in the same folder so that `os.replace` is a rename on one file system (atomic
-    on POSIX and Windows); it is synced first (unless `sync` is False, for bulky intermediate files whose
-    loss in a power cut only costs recomputing them) so that a power cut cannot leave an empty file behind.
-    """
-    # open(..., "xb") rather than tempfile.mkstemp: mkstemp makes files private (0600), ignoring the umask
-    # that results shared with colleagues should follow; the random name keeps concurrent writers apart.
-    tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
-    with disk_full_as_error(target):
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with open(tmp, "xb") as file:
-                write(file)
-                file.flush()
-                if sync:
-                    os.fsync(file.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-    return target
-
-
-def fingerprint(args: Mapping[str, Any]) -> str:
-    """SHA-256 of the arguments in canonical JSON (sorted keys), the identity of a run's result."""
-    canonical = json.dumps(args, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _json_bytes(obj: Any) -> bytes:
@@ -189,7 +134,7 @@ class RunFolder:
         work here, "complete" when the same run finished here. Raises PosleakError when the path is a file,
         another process holds the folder, or it holds a different run or files that are not a posleak run.
         """
-        self._refuse_if_held()
+        refuse_if_held(self.path)
         return self._state(args)
 
     def _state(self, args: Mapping[str, Any]) -> RunState:
@@ -227,7 +172,7 @@ class RunFolder:
                     "note": "an unfinished run: rerun the command that started it to resume",
                     "fingerprint": fingerprint(args),
                     "args": dict(args),
-                    "started_utc": _now(),
+                    "started_utc": utc_now(),
                 }
             )
         return state
@@ -241,34 +186,8 @@ class RunFolder:
     @contextmanager
     def lock(self) -> Iterator[None]:
         """Hold the folder for this process for the block; refuses (naming the holder) when another holds it."""
-        path = self.path / LOCK
-        with disk_full_as_error(path), _cannot_write(self.path):
-            self.path.mkdir(parents=True, exist_ok=True)
-            fd = _locked_file(path)
-            try:
-                holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, json.dumps(holder).encode(), 0)
-            except BaseException:
-                _release(fd, path)
-                raise
-        try:
+        with hold_lock(self.path):
             yield
-        finally:
-            _release(fd, path)
-
-    def _refuse_if_held(self) -> None:
-        """PosleakError naming the process that holds the folder's lock, if one does (probed, nothing written)."""
-        try:
-            fd = os.open(self.path / LOCK, os.O_RDONLY)
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise _in_use(self.path, os.pread(fd, 4096, 0)) from None
-        finally:
-            os.close(fd)
 
     def _remove_leftovers(self, complete: bool) -> None:
         """Temp files of writes a killed process never finished; all partial state once the run is complete."""
@@ -315,118 +234,6 @@ class RunFolder:
         return path
 
 
-@contextmanager
-def _cannot_write(folder: Path) -> Iterator[None]:
-    """An OS refusal to create or open files in `folder` (the first writes of a run) as one PosleakError."""
-    try:
-        yield
-    except OSError as err:
-        raise PosleakError(f"cannot write in {folder} ({err.strerror}); choose another --out") from None
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def _locked_file(path: Path) -> int:
-    """A descriptor of `path` holding its exclusive flock; PosleakError naming the holder when another has it."""
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 4096, 0)
-            os.close(fd)
-            raise _in_use(path.parent, holder) from None
-        try:
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                return fd
-        except FileNotFoundError:
-            pass
-        os.close(fd)  # the holder removed the file between our open and our lock: lock the new one
-
-
-def _in_use(folder: Path, holder: bytes) -> PosleakError:
-    try:
-        fields = json.loads(holder)
-        who = f"pid {fields['pid']} on {fields['host']}, since {fields['since']}"
-    except (ValueError, KeyError, TypeError):
-        who = "it has not said who it is yet"
-    return PosleakError(
-        f"{folder} is being written by another posleak process ({who}); "
-        "wait for it to finish, or stop it and rerun to resume"
-    )
-
-
 def _is_own_leftover(entry: Path) -> bool:
     """The lock file, or the temp file of a write that never finished."""
-    return entry.name == LOCK or (entry.name.startswith(".") and entry.name.endswith(".tmp"))
-
-
-def _release(fd: int, path: Path) -> None:
-    """Remove the lock file while still holding it (a process that opened it meanwhile will retry), then unlock."""
-    path.unlink(missing_ok=True)
-    os.close(fd)
-
-
-@dataclass(frozen=True)
-class TokenCount:
-    """A token found at position 0, and in how many of the run's sequences."""
-
-    id: int
-    text: str
-    sequences: int
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def versions() -> dict[str, str | None]:
-    """The software a result depends on; read from package metadata so that nothing heavy is imported."""
-    return {
-        "posleak": posleak.__version__,
-        "torch": torch.__version__,
-        "transformers": _version("transformers"),
-        "numpy": _version("numpy"),
-        "pandas": _version("pandas"),
-        "pyarrow": _version("pyarrow"),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
-
-
-def provenance(
-    *,
-    model_id: str,
-    model_hash: str | None,
-    dtype: str,
-    attention_path: str,
-    bos_policy: str,
-    position0_tokens: Sequence[TokenCount],
-    seq_len: int,
-    num_seqs: int,
-    corpus: str,
-    seed: int,
-    grid: Mapping[str, Any],
-    interventions: Sequence[Mapping[str, Any]],
-    timings: Mapping[str, float],
-) -> dict[str, Any]:
-    """Everything a result records to be reproduced, plus versions and the time it was made.
-
-    `model_hash` is the SHA-256 of the checkpoint file (None for a lab model trained in-process);
-    `interventions` is empty for a baseline run; `timings` are seconds per stage.
-    """
-    return {
-        "model": {"id": model_id, "sha256": model_hash, "dtype": dtype, "attention_path": attention_path},
-        "bos": {"policy": bos_policy, "position0_tokens": [asdict(token) for token in position0_tokens]},
-        "data": {"corpus": corpus, "seed": seed, "seq_len": seq_len, "num_seqs": num_seqs},
-        "grid": dict(grid),
-        "interventions": [dict(intervention) for intervention in interventions],
-        "timings_s": dict(timings),
-        "versions": versions(),
-        "created_utc": _now(),
-    }
+    return entry.name == LOCK or is_temp_file(entry)

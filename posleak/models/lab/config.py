@@ -1,8 +1,8 @@
 """The lab model's options: `LabSpec`, the options a user states, and the names they may take.
 
-`LabConfig`, the transformers config a `LabSpec` becomes, lives in `posleak.models.lab.model` beside the model (it
-subclasses transformers' `PretrainedConfig`, which imports torch); it is importable from here too. This
-module imports neither, so that the command line can offer these choices instantly.
+`LabConfig`, the transformers config a `LabSpec` becomes, lives in `posleak.models.lab.hf_config` (it subclasses
+transformers' `PretrainedConfig`). This module imports neither transformers nor torch, so that the command line
+can offer these choices instantly.
 
 A lab model varies one factor at a time (docs/method.md §10):
 
@@ -31,7 +31,7 @@ from posleak.errors import PosleakError
 from posleak.validate import Problems, natural_number
 
 if TYPE_CHECKING:
-    from posleak.models.lab.model import LabConfig
+    from posleak.models.lab.hf_config import LabConfig
 
 PE_KINDS: tuple[str, ...] = ("rope", "nope", "alibi", "learned", "sinusoidal")
 NORMS: tuple[str, ...] = ("softmax", "sink", "sigmoid")
@@ -115,7 +115,7 @@ class LabSpec:
 
     def config(self, vocab_size: int, max_positions: int, bos_id: int | None, eos_id: int | None) -> LabConfig:
         """The model config for a tokenizer (vocabulary, special ids) and the longest length it must take."""
-        from posleak.models.lab.model import LabConfig
+        from posleak.models.lab.hf_config import LabConfig
 
         hidden, layers, heads, mlp = SIZES[self.size]
         kind, factor = parse_rope_scaling(self.rope_scaling)
@@ -141,12 +141,3 @@ class LabSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def __getattr__(name: str) -> Any:
-    """`LabConfig` moved to `posleak.models.lab.model` (it needs torch); importing it from here still works."""
-    if name == "LabConfig":
-        from posleak.models.lab.model import LabConfig
-
-        return LabConfig
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

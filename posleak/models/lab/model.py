@@ -2,118 +2,34 @@
 
 Each block is pre-norm: h + Attn(RMSNorm(h)), then h + MLP(RMSNorm(h)). Nothing mixes tokens except
 attention (no token shift, convolution or smear), so order reaches the model through the position
-encoding, the mask and the normalisation alone.
-
-Attention goes through transformers' `AttentionInterface` (default: posleak's function), with the
-real post-RoPE q and k. Two things are folded into q and k so that every logit the function sees
-is the true logit and the decomposition's bilinear path holds unchanged:
-
-- ALiBi: q' = [q, slope·√D, −slope·√D·i], k' = [k, j, 1], so scale·q'·k' = scale·q·k − slope·(i − j);
-- the sigmoid logit bias b_h: q' = [q, b_h·√D], k' = [k, 1].
-
-Values are zero-padded to the width of q' (torch's CPU flash kernel wants one head size) and the
-padding is cut from the output. Absolute encodings (learned, sinusoidal) are added to the token
+encoding, the mask and the normalisation alone. The attention and position parts are in
+`posleak.models.lab.attention`. Absolute encodings (learned, sinusoidal) are added to the token
 embeddings at the input of block 0; the embedding module itself stays a plain `nn.Embedding`, so
 `ResidualCapture`'s resid[0] is the token embedding alone and absolute position first shows in resid[1].
 
-Importing this module registers the model with `AutoConfig` / `AutoModelForCausalLM`, so
+`register_lab_model()` registers the model with `AutoConfig` / `AutoModelForCausalLM`, so that
 `AutoModelForCausalLM.from_pretrained(folder)` loads a lab checkpoint without remote code.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging as hf_logging
 
 from posleak.capture.attention import use_posleak_attention
 from posleak.errors import PosleakError
-from posleak.models.lab.config import NORMS, PE_KINDS, ROPE_SCALINGS, SIGMOID_BIAS_INIT, check_choice, parse_attention
-
-# transformers' own implementations ignore posleak_norm, posleak_prefix and s_aux: a lab model under
-# them would silently compute something else.
-_BUILTIN_IMPLEMENTATIONS = frozenset({"eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3"})
-
-
-class LabConfig(PretrainedConfig):
-    """A posleak lab decoder: pre-norm blocks (RMSNorm → attention, RMSNorm → GELU MLP), tied embeddings."""
-
-    model_type = "posleak_lab"
-
-    vocab_size: int = 512
-    hidden_size: int = 128
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    intermediate_size: int = 512
-    max_position_embeddings: int = 2048
-    pe: str = "rope"
-    rope_base: float = 10000.0
-    rope_scale_kind: str = "none"
-    rope_factor: float = 1.0
-    rotary_fraction: float = 1.0
-    attention: str = "causal"
-    norm: str = "softmax"
-    bos: bool = True
-    size: str | None = None
-    rms_norm_eps: float = 1e-6
-    initializer_range: float = 0.02
-    sigmoid_bias_init: float = SIGMOID_BIAS_INIT
-    tie_word_embeddings: bool = True
-    bos_token_id: int | None = None
-    eos_token_id: int | None = None
-    pad_token_id: int | None = None
-    # Derived in __post_init__ (kept as fields so that tools reading a config.json see them).
-    head_dim: int | None = None
-    num_key_value_heads: int | None = None
-    sliding_window: int | None = None
-    prefix_length: int = 0
-
-    def __post_init__(self, **kwargs: Any) -> None:
-        check_choice("pe", self.pe, PE_KINDS)
-        check_choice("norm", self.norm, NORMS)
-        check_choice("rope scaling", self.rope_scale_kind, ROPE_SCALINGS)
-        if self.hidden_size % self.num_attention_heads:
-            raise PosleakError(
-                f"hidden size {self.hidden_size} is not a multiple of {self.num_attention_heads} heads; change either"
-            )
-        self.head_dim = self.hidden_size // self.num_attention_heads
-        self.num_key_value_heads = self.num_attention_heads
-        self.sliding_window, self.prefix_length = parse_attention(self.attention)
-        if self.pe == "rope" and self.rotary_dim < 2:
-            raise PosleakError(f"rotary fraction {self.rotary_fraction} rotates no dimension pair; use at least 2/D")
-        super().__post_init__(**kwargs)
-
-    @property
-    def rotary_dim(self) -> int:
-        """Dimensions of each head that RoPE rotates (an even number)."""
-        return 2 * int(self.head_dim * self.rotary_fraction / 2)
-
-    @property
-    def rope_theta(self) -> float:
-        """The base RoPE actually uses: NTK-aware scaling raises it to θ·k^(D/(D−2)), D the rotary dimension."""
-        if self.rope_scale_kind == "ntk":
-            dim = self.rotary_dim
-            return self.rope_base * self.rope_factor ** (dim / (dim - 2)) if dim > 2 else self.rope_base
-        return self.rope_base
-
-    @property
-    def rope_position_scale(self) -> float:
-        """Linear interpolation divides positions by the factor; other kinds leave them."""
-        return 1.0 / self.rope_factor if self.rope_scale_kind == "linear" else 1.0
-
-
-def _refuse_eager(*args: object, **kwargs: object) -> None:
-    raise PosleakError("lab models have no eager attention; call posleak.capture.use_posleak_attention(model)")
+from posleak.models.lab.attention import LabAttention, rope_tables, sinusoidal_embedding
+from posleak.models.lab.hf_config import LabConfig
 
 
 class LabRMSNorm(nn.Module):
@@ -124,122 +40,6 @@ class LabRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
-def alibi_slopes(heads: int) -> torch.Tensor:
-    """Press et al.'s head slopes: 2^(−8h/H) for H a power of two, interleaved otherwise."""
-
-    def power_of_two(n: int) -> list[float]:
-        start = 2.0 ** (-8.0 / n)
-        return [start ** (h + 1) for h in range(n)]
-
-    if heads & (heads - 1) == 0:
-        return torch.tensor(power_of_two(heads))
-    low = 2 ** math.floor(math.log2(heads))
-    return torch.tensor(power_of_two(low) + power_of_two(2 * low)[0::2][: heads - low])
-
-
-def rope_tables(config: LabConfig, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of shape (B, 1, T, rotary_dim), rotate-half layout, for (B, T) position ids."""
-    dim = config.rotary_dim
-    inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    angles = (position_ids.double() * config.rope_position_scale)[..., None] * inv_freq.to(position_ids.device)
-    angles = torch.cat([angles, angles], dim=-1)[:, None]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first rotary_dim dimensions of each head (rotate-half pairing); pass the rest."""
-    dim = cos.shape[-1]
-    rot, rest = x[..., :dim], x[..., dim:]
-    half = dim // 2
-    rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
-    return torch.cat([rot * cos + rotated * sin, rest], dim=-1)
-
-
-def sinusoidal_embedding(position_ids: torch.Tensor, hidden: int, dtype: torch.dtype) -> torch.Tensor:
-    """Vaswani et al.'s fixed encoding, (B, T, hidden): sin on even, cos on odd dimensions."""
-    freq = torch.exp(torch.arange(0, hidden, 2, dtype=torch.float64) * (-math.log(10000.0) / hidden))
-    angles = position_ids.double()[..., None] * freq.to(position_ids.device)
-    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)[..., :hidden].to(dtype)
-
-
-class LabAttention(nn.Module):
-    """Multi-head attention; q and k carry every position term, so the attention function sees true logits."""
-
-    def __init__(self, config: LabConfig, layer_idx: int) -> None:
-        super().__init__()
-        self.config = config
-        self.layer_idx = layer_idx
-        self.is_causal = True
-        self.num_heads = config.num_attention_heads
-        self.head_dim = config.head_dim
-        self.scaling = self.head_dim**-0.5
-        self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
-        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
-        heads = config.num_attention_heads
-        self.sink = nn.Parameter(torch.zeros(heads)) if config.norm == "sink" else None
-        sigmoid = config.norm == "sigmoid"
-        self.logit_bias = nn.Parameter(torch.full((heads,), config.sigmoid_bias_init)) if sigmoid else None
-
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        position_ids: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> torch.Tensor:
-        batch, seq_len, _ = hidden.shape
-        qkv = self.qkv_proj(hidden).view(batch, seq_len, 3, self.num_heads, self.head_dim)
-        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, D)
-        if rope is not None:
-            query, key = apply_rope(query, rope[0], rope[1]), apply_rope(key, rope[0], rope[1])
-        query, key = self._fold_logit_terms(query, key, position_ids)
-        if query.shape[-1] > self.head_dim:
-            value = F.pad(value, (0, query.shape[-1] - self.head_dim))
-        attend = self._attention_function()
-        out, _ = attend(self, query, key, value, None, dropout=0.0, scaling=self.scaling, **self._mask_kwargs())
-        out = out[..., : self.head_dim].reshape(batch, seq_len, -1)
-        return self.o_proj(out)
-
-    def _attention_function(self) -> Callable:
-        implementation = self.config._attn_implementation
-        if implementation in _BUILTIN_IMPLEMENTATIONS:
-            raise PosleakError(
-                f"lab models do not run under '{implementation}' attention (it ignores their mask and "
-                "normalisation); call posleak.capture.use_posleak_attention(model)"
-            )
-        return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, _refuse_eager)
-
-    def _mask_kwargs(self) -> dict[str, object]:
-        config = self.config
-        kwargs: dict[str, object] = {"posleak_norm": "sigmoid" if config.norm == "sigmoid" else "softmax"}
-        if config.sliding_window is not None:
-            kwargs["sliding_window"] = config.sliding_window
-        if config.prefix_length:
-            kwargs["posleak_prefix"] = config.prefix_length
-        if self.sink is not None:
-            kwargs["s_aux"] = self.sink
-        return kwargs
-
-    def _fold_logit_terms(
-        self, query: torch.Tensor, key: torch.Tensor, position_ids: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append the ALiBi and sigmoid-bias columns (module docstring); a no-op for other variants."""
-        q_cols: list[torch.Tensor] = []
-        k_cols: list[torch.Tensor] = []
-        batch, heads, seq_len, _ = query.shape
-        root = 1.0 / self.scaling
-        if self.config.pe == "alibi":
-            slope = alibi_slopes(heads).to(query)[None, :, None] * root  # (1, H, 1)
-            pos = position_ids.to(query.dtype)[:, None, :]  # (B, 1, T)
-            q_cols += [slope.expand(batch, heads, seq_len), -slope * pos]
-            k_cols += [pos.expand(batch, heads, seq_len), torch.ones_like(pos).expand(batch, heads, seq_len)]
-        if self.logit_bias is not None:
-            q_cols.append((self.logit_bias.to(query) * root)[None, :, None].expand(batch, heads, seq_len))
-            k_cols.append(query.new_ones(batch, heads, seq_len))
-        if not q_cols:
-            return query, key
-        return torch.cat([query, torch.stack(q_cols, -1)], -1), torch.cat([key, torch.stack(k_cols, -1)], -1)
 
 
 class LabMLP(nn.Module):
@@ -426,5 +226,7 @@ def quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-AutoConfig.register(LabConfig.model_type, LabConfig)
-AutoModelForCausalLM.register(LabConfig, LabForCausalLM)
+def register_lab_model() -> None:
+    """Make transformers' Auto classes know the lab model type (`posleak_lab`); calling it again changes nothing."""
+    AutoConfig.register(LabConfig.model_type, LabConfig, exist_ok=True)
+    AutoModelForCausalLM.register(LabConfig, LabForCausalLM, exist_ok=True)
