@@ -18,21 +18,19 @@ from cli import file_stamps, run_cli
 from tiny import SINK_T, sink_ids, sink_model, sink_scores
 
 from posleak.data.batches import TokenBatch
-from posleak.experiments.claims import (
-    LabRuns,
-    claim_c1,
-    claim_c2,
-    claim_c3,
-    claim_c4,
-    claim_c5,
-    claim_c6,
-    replicated,
-)
 from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, percent_change
-from posleak.experiments.paper import QUICK, Reproduction, control_heads, head_list, lab_runs, sink_heads
+from posleak.experiments.paper import QUICK
+from posleak.experiments.paper.c1 import claim_c1
+from posleak.experiments.paper.c2 import claim_c2
+from posleak.experiments.paper.c3 import claim_c3, control_heads, head_list, sink_heads
+from posleak.experiments.paper.c4 import LabRuns, claim_c4, lab_runs
+from posleak.experiments.paper.c5 import claim_c5
+from posleak.experiments.paper.c6 import claim_c6
+from posleak.experiments.paper.reproduction import Reproduction
+from posleak.experiments.paper.verdict import replicated
 from posleak.intervene import Interventions
 from posleak.models.load import LoadedModel
-from posleak.pipeline.analysis import AnalysisResult, AnalyzeConfig, analyze_model
+from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model
 
 CLAIMS = ["C1", "C2", "C3", "C4", "C5", "C6"]
 QUICK_BUDGET_S = 25 * 60  # --quick is sized for 15 minutes on 2 cores; CI's machine may be shared
