@@ -18,18 +18,16 @@ from cli import file_stamps, run_cli
 from tiny import SINK_T, sink_ids, sink_model, sink_scores
 
 from posleak.data.batches import TokenBatch
-from posleak.experiments.claims import (
-    LabRuns,
-    claim_c1,
-    claim_c2,
-    claim_c3,
-    claim_c4,
-    claim_c5,
-    claim_c6,
-    replicated,
-)
 from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, percent_change
-from posleak.experiments.paper import QUICK, Reproduction, control_heads, head_list, lab_runs, sink_heads
+from posleak.experiments.paper import QUICK
+from posleak.experiments.paper.c1 import claim_c1
+from posleak.experiments.paper.c2 import claim_c2
+from posleak.experiments.paper.c3 import claim_c3, control_heads, head_list, sink_heads
+from posleak.experiments.paper.c4 import LabRuns, claim_c4, lab_runs
+from posleak.experiments.paper.c5 import claim_c5
+from posleak.experiments.paper.c6 import claim_c6
+from posleak.experiments.paper.reproduction import Reproduction
+from posleak.experiments.paper.verdict import replicated
 from posleak.intervene import Interventions
 from posleak.models.load import LoadedModel
 from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model
@@ -149,8 +147,8 @@ def test_rerun_resumes_from_finished_runs(paper: Path, smollm2: LoadedModel) -> 
 
 
 # ---------------------------------------------------------------------------- verdicts on constructed inputs
-# Each claim's criterion (claims.py, declared before the data) applied to inputs built here with a known answer,
-# and the estimates it is judged on (evidence.py) against numpy computations of their definitions.
+# Each claim's criterion (paper/c1.py … c6.py, declared before the data) applied to inputs built here with a known
+# answer, and the estimates it is judged on (evidence.py) against numpy computations of their definitions.
 
 RESAMPLES = 400
 

@@ -23,7 +23,7 @@ import torch
 
 from posleak.commands.intervene import resampled_layers
 from posleak.measure import percentile_interval
-from posleak.pipeline.analysis import AnalysisResult
+from posleak.pipeline import AnalysisResult
 
 Says = Literal["supports", "contradicts", "unclear"]
 Direction = Literal["above", "below"]

@@ -18,6 +18,11 @@ from posleak.errors import PosleakError
 BACKENDS: tuple[str, ...] = ("local", "ray")
 
 
+def backend_problems(backend: str) -> list[str]:
+    """The one "unknown backend" message, or none."""
+    return [] if backend in BACKENDS else [f"unknown backend '{backend}'; use local or ray"]
+
+
 def ray_module() -> ModuleType:
     """The `ray` package, or a one-line error saying how to install it."""
     try:

@@ -1,0 +1,50 @@
+"""C2: the causal mask makes the softmax denominator depend on the query position."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from posleak.experiments.evidence import layer_mean
+from posleak.experiments.paper.c1 import MIN_MAGNITUDE
+from posleak.experiments.paper.claim import ClaimModule, quote
+from posleak.experiments.paper.plan import ROLES
+from posleak.experiments.paper.reproduction import SampleRuns
+from posleak.experiments.paper.verdict import Judgement, judge, row
+from posleak.pipeline import AnalysisResult
+from posleak.report import figures
+
+C2_CRITERION = (
+    f"In every model, the causal-mask magnitude over early queries (1 ≤ i < K), averaged over layers, has a 95% "
+    f"interval above {MIN_MAGNITUDE} nats. Not consistent if it lies below in some model. (m(i) never rises with i "
+    "under a causal mask, by construction, so its direction is not evidence; its size is.)"
+)
+
+
+def claim_c2(models: Mapping[str, AnalysisResult]) -> Judgement:
+    rows = [
+        row(f"{label}: mask_early", layer_mean(result, "mask_early"), MIN_MAGNITUDE, "above", "nats")
+        for label, result in models.items()
+    ]
+    return judge(rows)
+
+
+class C2(ClaimModule):
+    name = "C2"
+    statement = "The causal mask makes the softmax denominator depend on the query position."
+    criterion = C2_CRITERION
+    method = "m(i) = −logsumexp over the offsets the mask admits of the relative part g(d) (docs/method.md §2)."
+
+    def judge(self, runs: SampleRuns, sample: str) -> Judgement:
+        return claim_c2(runs.baselines())
+
+    def against_paper(self, judgement: Judgement, runs: SampleRuns) -> str:
+        model = ROLES["standard"].label
+        return (
+            "The paper traces one source to the causal mask's denominator; here its early-query magnitude is "
+            f"{quote(judgement, f'{model}: mask_early')} in {model}."
+        )
+
+    def figures(self, runs: SampleRuns) -> list[Path]:
+        standard, path = runs.standard, self.repro.out.figure_path("c2_profiles")
+        return [figures.profiles_figure(standard.profiles, standard.per_layer, path)]

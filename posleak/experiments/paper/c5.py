@@ -1,0 +1,100 @@
+"""C5: replacing the BOS embedding removes about 40% of the residual-stream component at early queries."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import pandas as pd
+
+from posleak.experiments.evidence import Estimate, Says, percent_change
+from posleak.experiments.paper.claim import ClaimModule, quote
+from posleak.experiments.paper.plan import ROLES, SHOWN
+from posleak.experiments.paper.reproduction import SampleRuns
+from posleak.experiments.paper.verdict import EVIDENCE_COLUMNS, Judgement, judge
+from posleak.pipeline import AnalysisResult
+from posleak.report import figures
+
+PAPER_BOS_REMOVED = 40.0  # the paper's "about 40%" of the early residual-stream component
+BOS_TOLERANCE = 20.0  # points either side of the paper's figure that still count as meeting it
+BOS_BAND = (PAPER_BOS_REMOVED - BOS_TOLERANCE, PAPER_BOS_REMOVED + BOS_TOLERANCE)
+
+C5_CRITERION = (
+    f"removed = −(% change of the early residual-stream magnitude, mean over layers). Consistent if for at least "
+    f"one replacement of the BOS embedding the 95% interval of `removed` lies above 0 and meets "
+    f"[{BOS_BAND[0]:g}%, {BOS_BAND[1]:g}%] (the paper's {PAPER_BOS_REMOVED:g}% ± {BOS_TOLERANCE:g}); not consistent "
+    "if every replacement's interval lies outside that band or includes no reduction; else inconclusive."
+)
+
+
+def claim_c5(changes: Mapping[str, Estimate]) -> Judgement:
+    """`changes`: per replacement, the % change of resid_early."""
+    rows = []
+    low, high = BOS_BAND
+    for kind, change in changes.items():
+        removed = Estimate(-change.value, -change.samples)
+        lo, hi = removed.interval
+        says: Says = (
+            "supports"
+            if lo > 0 and hi >= low and lo <= high
+            else "contradicts"
+            if hi < low or lo > high or hi <= 0
+            else "unclear"
+        )
+        rows.append(
+            dict(
+                zip(
+                    EVIDENCE_COLUMNS,
+                    (f"{kind}: removed", removed.value, lo, hi, f"{low:g}–{high:g}", "%", says, True),
+                    strict=True,
+                )
+            )
+        )
+    return judge(rows, rule="any")
+
+
+def removed_by_layer(base: AnalysisResult, new: AnalysisResult) -> pd.DataFrame:
+    """`layer, removed, removed_lo, removed_hi`: −(% change of resid_early) in each layer, with its interval."""
+    layers = base.per_layer["layer"].tolist()
+    rows = [percent_change(base, new, "resid_early", [layer]) for layer in layers]
+    return pd.DataFrame(
+        {
+            "layer": layers,
+            "removed": [-e.value for e in rows],
+            "removed_lo": [-e.interval[1] for e in rows],
+            "removed_hi": [-e.interval[0] for e in rows],
+        }
+    )
+
+
+class C5(ClaimModule):
+    name = "C5"
+    statement = (
+        f"Replacing the BOS embedding removes about {PAPER_BOS_REMOVED:g}% of the residual-stream component at "
+        "early queries."
+    )
+    criterion = C5_CRITERION
+    method = (
+        f"The embedding output at position 0 of {ROLES['bos'].model} replaced by the vocabulary mean, a random "
+        "vector of the same norm, or zeros, before the forward pass; same sequences as the baseline "
+        "(docs/method.md §9)."
+    )
+
+    def judge(self, runs: SampleRuns, sample: str) -> Judgement:
+        return claim_c5({kind: percent_change(runs.bos_baseline, new, "resid_early") for kind, new in runs.bos.items()})
+
+    def interventions(self, runs: SampleRuns, sample: str) -> dict[str, tuple[AnalysisResult, AnalysisResult]]:
+        return {f"replace-bos {kind}": (runs.bos_baseline, new) for kind, new in runs.bos.items()}
+
+    def against_paper(self, judgement: Judgement, runs: SampleRuns) -> str:
+        return (
+            f"The paper removes about {PAPER_BOS_REMOVED:g}%; here the vocabulary mean removes "
+            f"{quote(judgement, 'mean: removed')}, a random vector {quote(judgement, 'random: removed')}, zeros "
+            f"{quote(judgement, 'zero: removed')}."
+        )
+
+    def figures(self, runs: SampleRuns) -> list[Path]:
+        removed = {kind: removed_by_layer(runs.bos_baseline, new) for kind, new in runs.bos.items()}
+        title = f"Early residual-stream component removed by BOS replacement ({ROLES['bos'].model}, sample {SHOWN})"
+        path = self.repro.out.figure_path("c5_removed")
+        return [figures.lines_by_run(removed, "removed", path, title=title, ylabel="removed (%)")]

@@ -1,0 +1,172 @@
+"""The job plumbing of `posleak paper`: the analyses the claims share, run or resumed as `AnalysisJob`s into
+OUT/runs on a backend, and their results per sample as one typed record.
+
+Every analysis runs on each of two disjoint samples of sequences (A and B): the sequences of each model are
+drawn once and split in halves (posleak.experiments.batch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from posleak.data.batches import TokenBatch
+from posleak.experiments.batch import AnalysisJob, ModelCache, draw_sequences, run_analyses
+from posleak.experiments.paper.plan import ROLES, SAMPLES, Plan, RoleName
+from posleak.intervene import Interventions
+from posleak.models.load import LoadedModel
+from posleak.pipeline import AnalysisResult, AnalyzeConfig
+from posleak.store import RunFolder
+
+BOS_KINDS = ("mean", "random", "zero")  # C5: what replaces the BOS's embedding
+
+
+class Reproduction:
+    """The analyses the claims need (each an `AnalysisJob` into OUT/runs), run or resumed on `backend`, with
+    the loaded models cached between them."""
+
+    def __init__(
+        self, out: Path, plan: Plan, progress: bool, backend: str = "local", address: str | None = None
+    ) -> None:
+        self.out = RunFolder(out)
+        self.plan = plan
+        self.progress = progress
+        self.backend = backend
+        self.address = address
+        self.models = ModelCache()
+
+    def model(self, name: str) -> LoadedModel:
+        return self.models.get(name, Interventions(), self.plan.placement)
+
+    def config(self, role: RoleName, **changes: Any) -> AnalyzeConfig:
+        """The analysis of one sample of the model of `role` (num_seqs per sample)."""
+        plan = self.plan
+        seq_len, num_seqs = plan.size(role)
+        base = AnalyzeConfig(
+            seq_len=seq_len,
+            num_seqs=num_seqs,
+            batch_size=plan.batch_size,
+            bootstrap=plan.bootstrap,
+            cross_documents=plan.cross_documents,
+            **plan.placement.to_dict(),
+        )
+        return dataclasses.replace(base, **changes)
+
+    def job(self, name: str, model: str, config: AnalyzeConfig, sample: str) -> AnalysisJob:
+        """Analysis `name` of `model` on sample A or B (the first or second half of 2·num_seqs sequences drawn
+        once: disjoint by construction), into OUT/runs/NAME-SAMPLE."""
+        folder = self.out.path / "runs" / f"{name}-{sample}"
+        return AnalysisJob(f"{name}-{sample}", model, config, folder, half=SAMPLES.index(sample))
+
+    def sample(self, model: str, config: AnalyzeConfig, sample: str) -> TokenBatch:
+        return draw_sequences(self.models, model, config, SAMPLES.index(sample))
+
+    def run(self, jobs: list[AnalysisJob]) -> list[AnalysisResult]:
+        """The result of every job, in order: finished ones read back, the others run on the backend."""
+        return run_analyses(
+            jobs, backend=self.backend, address=self.address, models=self.models, progress=self.progress
+        )
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One shared analysis: the model of `role` under `interventions`, into OUT/runs/FOLDER-SAMPLE; `key` names
+    it in the manifest's runs (with the sample)."""
+
+    key: str
+    role: RoleName
+    folder: str
+    interventions: Interventions = dataclasses.field(default_factory=Interventions)
+
+
+def shared_analyses(plan: Plan) -> list[Analysis]:
+    """The analyses that need nothing else, in the order they run: every baseline, the standard model under each
+    NTK factor (C4), the BOS baseline and its replacements (C5)."""
+    standard, bos = ROLES["standard"], ROLES["bos"]
+    ntk = [
+        Analysis(_ntk_key(k), "standard", f"{standard.folder}-ntk{k:g}", Interventions(rope_scaling=f"ntk:{k:g}"))
+        for k in plan.ntk_factors
+    ]
+    replaced = [
+        Analysis(_bos_key(kind), "bos", f"{bos.folder}-{kind}", Interventions(replace_bos=kind)) for kind in BOS_KINDS
+    ]
+    plain = {role: Analysis(ROLES[role].key, role, ROLES[role].folder) for role in ROLES}
+    return [plain["standard"], *ntk, plain["large-base"], plain["sliding"], plain["bos"], *replaced]
+
+
+def _ntk_key(factor: float) -> str:
+    return f"ntk{factor:g}"
+
+
+def _bos_key(kind: str) -> str:
+    return f"bos-{kind}"
+
+
+@dataclass(frozen=True)
+class SampleRuns:
+    """The shared analyses of one sample, each by what it is."""
+
+    standard: AnalysisResult
+    ntk: dict[float, AnalysisResult]  # the standard model under each NTK factor, by factor
+    large_base: AnalysisResult
+    sliding: AnalysisResult
+    bos_baseline: AnalysisResult
+    bos: dict[str, AnalysisResult]  # the BOS replacements, by kind
+    keys: tuple[str, ...]  # the manifest key of every run of `all()`, in its order
+
+    def all(self) -> list[AnalysisResult]:
+        """Every shared analysis of the sample, in the order they ran."""
+        ntk, bos = list(self.ntk.values()), list(self.bos.values())
+        return [self.standard, *ntk, self.large_base, self.sliding, self.bos_baseline, *bos]
+
+    def named(self) -> Iterator[tuple[str, AnalysisResult]]:
+        return zip(self.keys, self.all(), strict=True)
+
+    def baselines(self) -> dict[str, AnalysisResult]:
+        """The three pretrained models, by the label the evidence gives them (C1, C2, C4)."""
+        results: dict[RoleName, AnalysisResult] = {
+            "standard": self.standard,
+            "large-base": self.large_base,
+            "sliding": self.sliding,
+        }
+        return {ROLES[role].label: result for role, result in results.items()}
+
+    def ntk_variants(self) -> dict[str, AnalysisResult]:
+        """The standard model under each NTK factor, labelled `MODEL ntk:K`."""
+        return {f"{ROLES['standard'].label} ntk:{k:g}": result for k, result in self.ntk.items()}
+
+    @property
+    def largest_ntk(self) -> AnalysisResult:
+        return self.ntk[max(self.ntk)]
+
+
+def run_shared(repro: Reproduction) -> dict[str, SampleRuns]:
+    """Run (or read back) every shared analysis on both samples; sample A's first, then B's."""
+    analyses = shared_analyses(repro.plan)
+    jobs = [
+        repro.job(
+            a.folder,
+            ROLES[a.role].model,
+            repro.config(a.role, interventions=a.interventions),
+            sample,
+        )
+        for sample in SAMPLES
+        for a in analyses
+    ]
+    results = iter(repro.run(jobs))
+    runs = {}
+    for sample in SAMPLES:
+        by_key = {a.key: next(results) for a in analyses}
+        runs[sample] = SampleRuns(
+            standard=by_key[ROLES["standard"].key],
+            ntk={k: by_key[_ntk_key(k)] for k in repro.plan.ntk_factors},
+            large_base=by_key[ROLES["large-base"].key],
+            sliding=by_key[ROLES["sliding"].key],
+            bos_baseline=by_key[ROLES["bos"].key],
+            bos={kind: by_key[_bos_key(kind)] for kind in BOS_KINDS},
+            keys=tuple(f"{a.key}-{sample}" for a in analyses),
+        )
+    return runs

@@ -1,0 +1,77 @@
+"""`reproduce`: the shared analyses, then each claim module's own measures, judgements, tables and figures."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from posleak.errors import BadInput
+from posleak.experiments.paper.behaviour import behaviour_block, behaviour_tables
+from posleak.experiments.paper.c1 import C1
+from posleak.experiments.paper.c2 import C2
+from posleak.experiments.paper.c3 import C3
+from posleak.experiments.paper.c4 import C4
+from posleak.experiments.paper.c5 import C5
+from posleak.experiments.paper.c6 import C6
+from posleak.experiments.paper.claim import ClaimModule
+from posleak.experiments.paper.plan import QUICK, SAMPLES, SHOWN, Plan
+from posleak.experiments.paper.report import write_outputs
+from posleak.experiments.paper.reproduction import Reproduction, SampleRuns, run_shared
+from posleak.experiments.paper.verdict import Claim
+from posleak.report.html import TableBlock
+from posleak.runner import backend_problems
+from posleak.validate import out_folder_problems
+
+CLAIMS: tuple[type[ClaimModule], ...] = (C1, C2, C3, C4, C5, C6)
+
+
+def reproduce(
+    out: Path | str,
+    plan: Plan = QUICK,
+    progress: bool = True,
+    backend: str = "local",
+    address: str | None = None,
+) -> list[Claim]:
+    """Run every analysis, judge every claim, write `claims.json`, tables and `report.html` into `out`.
+
+    `backend`: "local" runs the analyses and lab trials here one after another; "ray" runs each as a Ray task
+    (posleak.experiments.batch), on a local cluster or the one at `address`, in two waves: every analysis that
+    needs nothing else, then C3's ablations (their heads come from the baselines of the first wave)."""
+    problems = out_folder_problems(out) + plan.placement.problems() + backend_problems(backend)
+    if problems:
+        raise BadInput(problems)
+    repro = Reproduction(Path(out), plan, progress, backend, address)
+    runs = run_shared(repro)
+    modules = [claim(repro) for claim in CLAIMS]
+    for module in modules:
+        module.measure(runs)
+    claims = judged(repro, modules, runs)
+    write_outputs(repro, claims, runs)
+    return claims
+
+
+def judged(repro: Reproduction, modules: Sequence[ClaimModule], runs: Mapping[str, SampleRuns]) -> list[Claim]:
+    """Every claim judged on each sample, with its tables (written per sample, shown for sample A), its effect on
+    the loss, the sentence against the paper and its figures."""
+    claims = [Claim(m.name, m.statement, m.criterion, {}, m.method) for m in modules]
+    shown: dict[str, list[TableBlock]] = {}
+    for sample in SAMPLES:
+        for module, claim in zip(modules, claims, strict=True):
+            claim.samples[sample] = module.judge(runs[sample], sample)
+            numbers = module.numbers(sample)
+            if numbers:
+                claim.numbers[sample] = numbers
+            blocks = module.tables(runs[sample], sample)
+            if sample == SHOWN:
+                shown[module.name] = blocks
+        behaviour = behaviour_tables(modules, runs[sample], sample, repro.plan.bootstrap)
+        repro.out.write_table(f"behaviour_{sample}", behaviour)
+        if sample == SHOWN:
+            for module in modules:
+                if module.name in set(behaviour["claim"]):
+                    shown[module.name].append(behaviour_block(behaviour, module.name, sample))
+    for module, claim in zip(modules, claims, strict=True):
+        claim.tables = shown[module.name]
+        claim.paper = module.against_paper(claim.samples[SHOWN], runs[SHOWN])
+        claim.figures = module.figures(runs[SHOWN])
+    return claims

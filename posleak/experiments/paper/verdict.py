@@ -1,0 +1,111 @@
+"""How a claim of arXiv 2606.06160 is judged: rows of evidence, each sample's verdict, the two samples' verdict.
+
+Each claim's criterion (c1.py … c6.py, written before any data were seen) names the effects it expects, their
+direction and a minimum size, and is judged on the bootstrap interval of each effect (evidence.py): a row of
+evidence *supports* the claim when its whole interval lies beyond the threshold, *contradicts* it when the
+whole interval lies on the other side, and is *unclear* otherwise. A sample's verdict is "consistent" when
+every deciding row supports the claim, "not consistent" when any contradicts it, and "inconclusive" otherwise
+(C5, which asks whether some replacement of the BOS does what the paper reports, uses "any supports" and "all
+contradict").
+
+`posleak paper` judges every claim on two disjoint samples of sequences (A and B) and calls a claim
+consistent, or not consistent, only where both samples agree (`replicated`); a disagreement is inconclusive
+(docs/method.md §13).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+
+from posleak.experiments.evidence import Direction, Estimate, Says
+from posleak.report.html import TableBlock, Verdict
+
+EVIDENCE_COLUMNS = ("evidence", "value", "lo", "hi", "threshold", "unit", "says", "deciding")
+
+
+@dataclass
+class Judgement:
+    """One sample's evidence rows and the verdict they give."""
+
+    verdict: Verdict
+    evidence: pd.DataFrame
+
+
+@dataclass
+class Claim:
+    """One claim's verdict as `posleak paper` reports it: its text, each sample's judgement, figures and tables."""
+
+    claim: str
+    statement: str
+    criterion: str
+    samples: dict[str, Judgement]
+    method: str
+    paper: str = ""  # one sentence: the measured effect against the paper's
+    numbers: dict[str, Any] = field(default_factory=dict)
+    figures: list[Path] = field(default_factory=list)
+    tables: list[TableBlock] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> Verdict:
+        return replicated([judgement.verdict for judgement in self.samples.values()])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "claim": self.claim,
+            "verdict": self.verdict,
+            "criterion": self.criterion,
+            "samples": {
+                name: {"verdict": j.verdict, "evidence": j.evidence.to_dict(orient="records")}
+                for name, j in self.samples.items()
+            },
+            "numbers": self.numbers,
+        }
+
+
+def replicated(verdicts: Sequence[Verdict]) -> Verdict:
+    """A verdict that every sample gives; where samples disagree, inconclusive."""
+    return verdicts[0] if len(set(verdicts)) == 1 else "inconclusive"
+
+
+def row(
+    evidence: str, estimate: Estimate, threshold: float, direction: Direction, unit: str, deciding: bool = True
+) -> dict[str, Any]:
+    lo, hi = estimate.interval
+    says = estimate.judge(threshold, direction)
+    bound = f"{'>' if direction == 'above' else '<'} {threshold:g}"
+    return dict(zip(EVIDENCE_COLUMNS, (evidence, estimate.value, lo, hi, bound, unit, says, deciding), strict=True))
+
+
+def fact(evidence: str, value: float, holds: bool, fails: bool, threshold: str, unit: str = "") -> dict[str, Any]:
+    """A row without an interval, for a property computed exactly (the closed system, cosines): it supports the
+    claim where it `holds`, contradicts it where it clearly `fails`, and is unclear in the band between."""
+    says: Says = "supports" if holds else "contradicts" if fails else "unclear"
+    nan = float("nan")
+    return dict(zip(EVIDENCE_COLUMNS, (evidence, value, nan, nan, threshold, unit, says, True), strict=True))
+
+
+def judge(rows: list[dict[str, Any]], rule: Literal["all", "any"] = "all") -> Judgement:
+    frame = pd.DataFrame(rows, columns=list(EVIDENCE_COLUMNS))
+    says = frame.loc[frame["deciding"], "says"]
+    if rule == "all":
+        verdict: Verdict = (
+            "consistent"
+            if (says == "supports").all()
+            else "not consistent"
+            if (says == "contradicts").any()
+            else "inconclusive"
+        )
+    else:
+        verdict = (
+            "consistent"
+            if (says == "supports").any()
+            else "not consistent"
+            if (says == "contradicts").all()
+            else "inconclusive"
+        )
+    return Judgement(verdict, frame)
