@@ -57,7 +57,7 @@ from posleak.lab.trainer import (
 from posleak.measure.probe import ProbeConfig, best_r2, probe_positions
 from posleak.models.lab.config import LabSpec
 from posleak.models.lab.model import LabForCausalLM, load_lab_model
-from posleak.pipeline.analysis import AnalyzeConfig, analyze_model
+from posleak.pipeline import AnalyzeConfig, analyze_model
 from posleak.store import atomic_write
 
 MARKER = "complete.json"
@@ -134,6 +134,27 @@ def finished_row(root: Path, trial: Trial) -> dict[str, Any] | None:
     """The stored result of a finished trial, or None."""
     marker = trial_folder(root, trial) / MARKER
     return json.loads(marker.read_text())["row"] if marker.is_file() else None
+
+
+@dataclass(frozen=True)
+class TrialJob:
+    """A trial under an output root: the unit `posleak.runner` runs (one CPU per Ray task)."""
+
+    trial: Trial
+    root: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.trial.name} ({self.trial.key})"
+
+    def finished(self) -> bool:
+        return finished_row(self.root, self.trial) is not None
+
+    def run(self, progress: bool) -> dict[str, Any]:
+        return run_trial(self.trial, self.root, progress)
+
+    def resources(self) -> dict[str, float]:
+        return {"num_cpus": 1}
 
 
 def run_trial(trial: Trial, root: str | Path, progress: bool = True, threads: int | None = 1) -> dict[str, Any]:
