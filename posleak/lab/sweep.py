@@ -36,7 +36,7 @@ then be a folder every node can write (a shared file system).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +161,7 @@ class LabPlan:
     intro: str
     settings: Mapping[str, Any]
     table: Callable[[list[dict[str, Any]]], pd.DataFrame] = pd.DataFrame
-    extras: Extras | None = field(default=None)
+    extras: Extras | None = None
 
 
 @dataclass(frozen=True)
@@ -182,13 +182,13 @@ def run_plan(
 ) -> LabOutcome:
     """Run every trial of `plan` into `out`, then write its tables, figures and report there."""
     rows = run_trials(plan.trials, out, backend, address, progress, jobs)
-    out = Path(out).resolve()
+    run = RunFolder(Path(out).resolve())
     table = plan.table(rows)
-    extras, sections = plan.extras(RunFolder(out), table) if plan.extras is not None else ({}, [])
+    extras, sections = plan.extras(run, table) if plan.extras is not None else ({}, [])
     for name, frame in extras.items():
-        RunFolder(out).write_table(name, frame)
+        run.write_table(name, frame)
     write_results(
-        out,
+        run.path,
         plan.trials,
         table,
         table_name=plan.table_name,
