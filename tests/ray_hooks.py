@@ -47,10 +47,10 @@ def _die_if_planned(unit: str, at: str) -> None:
 
 
 def install() -> None:
-    from posleak.lab import trainer, trial
+    from posleak.lab import checkpoint, trial
     from posleak.pipeline import run as pipeline_run
 
-    save_checkpoint, measure = trainer._save_checkpoint, trial.measure
+    save_checkpoint, measure = checkpoint.save_checkpoint, trial.measure
 
     def checkpoint_then_maybe_die(out: Path, identity: dict[str, Any], step: int, *args: Any) -> None:
         save_checkpoint(out, identity, step, *args)
@@ -70,6 +70,6 @@ def install() -> None:
             _die_if_planned(run.path.name, "measure")
         return measure_layers(captures, spec, run, *args)
 
-    trainer._save_checkpoint = checkpoint_then_maybe_die
+    checkpoint.save_checkpoint = checkpoint_then_maybe_die
     trial.measure = maybe_die_then_measure
     pipeline_run._measure = maybe_die_then_measure_layers

@@ -13,10 +13,11 @@ from cli import assert_one_line_error, file_stamps, run_main
 from ray_hooks import plan_fault
 from tiny import tiny_checkpoint, word_corpus
 
+from posleak.commands.analyze import analyze
 from posleak.errors import PosleakError
 from posleak.experiments.batch import BatchSpec, run_batch
 from posleak.intervene import Interventions
-from posleak.pipeline.analysis import AnalyzeConfig, analyze
+from posleak.pipeline import AnalyzeConfig
 from posleak.store import RunFolder
 
 TABLES = ("per_head", "per_layer", "profiles", "bootstrap")

@@ -20,7 +20,7 @@ from posleak.runner import BACKENDS
 
 if TYPE_CHECKING:
     from posleak.intervene import Interventions
-    from posleak.pipeline.analysis import AnalyzeConfig
+    from posleak.pipeline import AnalyzeConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -157,7 +157,7 @@ def interventions_from(args: argparse.Namespace) -> Interventions:
 
 
 def config_from(args: argparse.Namespace, interventions: Interventions) -> AnalyzeConfig:
-    from posleak.pipeline.analysis import AnalyzeConfig
+    from posleak.pipeline import AnalyzeConfig
 
     return AnalyzeConfig(**{**_given(args, AnalyzeConfig), "interventions": interventions})
 
@@ -201,7 +201,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from posleak.pipeline.analysis import analyze
+    from posleak.commands.analyze import analyze
 
     config = config_from(args, interventions_from(args))
     result = analyze(args.model, config, out=Path(args.out), trust_remote_code=args.trust_remote_code)

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import fields, replace
+from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from posleak.cli.analyze import add_backend_options
 from posleak.device import DEVICES, DTYPES
 from posleak.models.lab.config import NORMS, PE_KINDS, SIZES, TASK_NAMES, TASK_SEEDS, TASK_VARIANTS, VARIANTS, LabSpec
-from posleak.validate import Problems, natural_number, out_folder_problems
+from posleak.validate import Problems, out_folder_problems
 
 if TYPE_CHECKING:
     from posleak.lab.trainer import TrainConfig
+
+T = TypeVar("T")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -100,32 +103,56 @@ def _add_backend_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _train_config(args: argparse.Namespace, base: TrainConfig | None = None) -> TrainConfig:
-    """The training options given on the command line over `base` (TrainConfig's defaults)."""
+def _train_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The training options given on the command line (`TrainConfig` fields)."""
     from posleak.lab.trainer import TrainConfig
 
     names = {f.name for f in fields(TrainConfig)} - {"task"}  # --task names the lab's tasks, set per trial
-    given = {name: value for name, value in vars(args).items() if name in names and value is not None}
-    return replace(base, **given) if base is not None else TrainConfig(**given)
+    return {name: value for name, value in vars(args).items() if name in names and value is not None}
+
+
+def _train_config(args: argparse.Namespace) -> TrainConfig:
+    """The training options given on the command line over TrainConfig's defaults."""
+    from posleak.lab.trainer import TrainConfig
+
+    return TrainConfig(**_train_options(args))
+
+
+def _checked(args: argparse.Namespace, build: Callable[[], T]) -> T:
+    """`build()`'s configuration, refused with every problem of it and of --out at once: the one check of the
+    output folder of each lab command."""
+    problems = Problems()
+    config = None
+    with problems.collecting():
+        config = build()
+    problems.extend(out_folder_problems(args.out))
+    problems.raise_any()
+    assert config is not None
+    return config
 
 
 def _train(args: argparse.Namespace) -> int:
-    problems = Problems()
-    with problems.collecting():
-        spec = LabSpec(
-            size=args.size,
-            pe=args.pe,
-            attention=args.attention,
-            norm=args.norm,
-            bos=args.bos == "on",
-            rope_base=args.rope_base,
-            rope_scaling=args.rope_scaling,
-            rotary_fraction=args.rotary_fraction,
-        )
-    with problems.collecting():
-        config = _train_config(args)
-    problems.extend(out_folder_problems(args.out))
-    problems.raise_any()
+    def build() -> tuple[LabSpec, TrainConfig]:
+        problems = Problems()
+        spec = config = None
+        with problems.collecting():
+            spec = LabSpec(
+                size=args.size,
+                pe=args.pe,
+                attention=args.attention,
+                norm=args.norm,
+                bos=args.bos == "on",
+                rope_base=args.rope_base,
+                rope_scaling=args.rope_scaling,
+                rotary_fraction=args.rotary_fraction,
+            )
+        with problems.collecting():
+            config = _train_config(args)
+        problems.raise_any()
+        assert spec is not None and config is not None
+        return spec, config
+
+    spec, config = _checked(args, build)
     from posleak.lab.trainer import train
 
     result = train(spec, config, Path(args.out), threads=args.threads)
@@ -140,19 +167,17 @@ def _lab(args: argparse.Namespace) -> int:
     from posleak.lab.compare import LabRun, run_lab
     from posleak.lab.trial import EvalConfig
 
-    problems = Problems()
-    with problems.collecting():
-        train_config = _train_config(args)
-        config = LabRun(
+    config = _checked(
+        args,
+        lambda: LabRun(
             size=args.size,
             bos=args.bos == "on",
-            train=train_config,
+            train=_train_config(args),
             eval=EvalConfig(),
             variants=_names(args.variants or ",".join(VARIANTS)),
             ntk_factor=args.ntk_factor,
-        )
-    problems.extend(out_folder_problems(args.out))
-    problems.raise_any()
+        ),
+    )
     table = run_lab(config, args.out, backend=args.backend, address=args.address, jobs=args.jobs)
     print(
         table[["variant", "ppl_1x", "ppl_2x", "ppl_4x", "probe_r2_best", "mask_all", "resid_all"]].to_string(
@@ -169,43 +194,21 @@ def _names(text: str) -> tuple[str, ...]:
 
 def _task_lab(args: argparse.Namespace) -> int:
     """`posleak lab --task NAME | --tasks all|A,B [--seeds 0,1,2]`: every option checked before any training."""
-    from posleak.lab.choices import TASK_TRAIN, TaskLab, run_task_lab
-    from posleak.lab.tasks import parse_tasks
+    from posleak.lab.choices import TaskLab, run_task_lab
 
-    problems = Problems()
-    if args.task is not None and args.tasks is not None:
-        problems.add("--task and --tasks name the same thing; give one of them")
-    if args.task is None and args.tasks is None:
-        problems.add("--seeds is for task runs; add --task NAME or --tasks all")
-    if args.seed is not None:
-        problems.add("--seed is for corpus runs; a task run trains every variant with each of --seeds")
-    names: tuple[str, ...] = ()
-    with problems.collecting():
-        names = parse_tasks(args.tasks if args.tasks is not None else (args.task or ""))
-        if args.task is not None and len(names) != 1:
-            problems.add(f"--task takes one task name, got {args.task!r}; use --tasks for several")
-    seeds: tuple[int, ...] = TASK_SEEDS
-    if args.seeds is not None:
-        parsed = [natural_number(part.strip()) for part in args.seeds.split(",")]
-        if any(seed is None for seed in parsed) or not parsed:
-            problems.add(f"bad --seeds {args.seeds!r}; use comma-separated non-negative integers, e.g. 0,1,2")
-        else:
-            seeds = tuple(seed for seed in parsed if seed is not None)
-    config = None
-    with problems.collecting():
-        config = TaskLab(
-            tasks=names,
+    config = _checked(
+        args,
+        lambda: TaskLab.from_options(
+            task=args.task,
+            tasks=args.tasks,
+            seeds=args.seeds,
+            train_options=_train_options(args),
             variants=_names(args.variants or ",".join(TASK_VARIANTS)),
-            seeds=seeds,
             size=args.size,
             bos=args.bos == "on",
-            train=_train_config(args, TASK_TRAIN),
             ntk_factor=args.ntk_factor,
-        )
-        config.labs()  # each task's lab checks its variants and its lengths
-    problems.extend(out_folder_problems(args.out))
-    problems.raise_any()
-    assert config is not None
+        ),
+    )
     choices = run_task_lab(config, args.out, backend=args.backend, address=args.address, jobs=args.jobs)
     first = choices[choices["multiple"] == choices["multiple"].min()]
     print(first[["task", "variant", "rank", "accuracy", "accuracy_lo", "accuracy_hi", "beats"]].to_string(index=False))
@@ -216,11 +219,7 @@ def _task_lab(args: argparse.Namespace) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     from posleak.lab.sweep import SweepSpec, run_sweep
 
-    problems = Problems()
-    with problems.collecting():
-        spec = SweepSpec.read(args.spec)
-    problems.extend(out_folder_problems(args.out))
-    problems.raise_any()
+    spec = _checked(args, lambda: SweepSpec.read(args.spec))
     table = run_sweep(spec, args.out, backend=args.backend, address=args.address, jobs=args.jobs)
     print(f"{len(table)} trials → {Path(args.out) / 'sweep.parquet'}, report: {Path(args.out) / 'report.html'}")
     return 0

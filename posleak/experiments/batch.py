@@ -40,23 +40,32 @@ from posleak.errors import BadInput, PosleakError
 from posleak.experiments.compare import compare_runs
 from posleak.intervene import Interventions
 from posleak.models.load import LoadedModel
-from posleak.pipeline.analysis import (
+from posleak.pipeline import (
     AnalysisResult,
     AnalyzeConfig,
     analyze_model,
-    checked_input,
     checked_model,
     finished_here,
     load_for,
+    prepare,
     sequences_for,
 )
-from posleak.runner import BACKENDS, run_on_ray
+from posleak.runner import backend_problems, run_jobs
 from posleak.store import RunFolder
-from posleak.store.specfile import check_grid, grid_points, read_mapping
+from posleak.store.specfile import SpecFormat, grid_options
 from posleak.validate import Problems, out_folder_problems
 
 CONFIG_KEYS = frozenset(f.name for f in fields(AnalyzeConfig)) - {"interventions"}
 INTERVENTION_KEYS = frozenset(f.name for f in fields(Interventions))
+BATCH_FILE = SpecFormat(
+    kind="batch file",
+    short="batch",
+    owner="batch",
+    module="posleak.experiments.batch",
+    sections=("name", "models", "base", "grid"),
+    options=CONFIG_KEYS | INTERVENTION_KEYS,
+    options_hint=f"use analyze options {sorted(CONFIG_KEYS | INTERVENTION_KEYS)}",
+)
 
 
 class ModelCache:
@@ -102,6 +111,40 @@ class AnalysisJob:
         """Whether its folder holds this analysis, finished (by the model and options it recorded)."""
         return finished_here(RunFolder(self.out), self.model, self.config)
 
+    def run(self, progress: bool, models: ModelCache | None = None) -> AnalysisResult:
+        """Run (or resume, or read back) this analysis, its models from `models` (default: this process's)."""
+        if self.finished():
+            return AnalysisResult.read(RunFolder(self.out))
+        models = models if models is not None else _PROCESS_MODELS
+        batch = self.sequences(models)
+        loaded = models.get(self.model, self.config.interventions, self.config.placement)
+        return analyze_model(loaded.model, batch, self.config, out=self.out, loaded=loaded, progress=progress)
+
+
+# A worker process (a Ray worker) keeps its last models for the next job it is given.
+_PROCESS_MODELS = ModelCache()
+
+
+@dataclass(frozen=True)
+class _SharingModels:
+    """An analysis run here with the caller's models (not sent elsewhere: the cache holds loaded models)."""
+
+    job: AnalysisJob
+    models: ModelCache
+
+    @property
+    def name(self) -> str:
+        return self.job.name
+
+    def finished(self) -> bool:
+        return self.job.finished()
+
+    def run(self, progress: bool) -> AnalysisResult:
+        return self.job.run(progress, self.models)
+
+    def resources(self) -> dict[str, float]:
+        return self.job.resources()
+
 
 def draw_sequences(models: ModelCache, model: str, config: AnalyzeConfig, half_index: int | None) -> TokenBatch:
     """The sequences of `config` for `model`, drawn before any intervention; `half_index` 0 or 1: 2·num_seqs
@@ -120,23 +163,6 @@ def half(batch: TokenBatch, index: int) -> TokenBatch:
     return dataclasses.replace(batch, ids=batch.ids[rows], pos0_token_ids=batch.pos0_token_ids[rows])
 
 
-def run_job(job: AnalysisJob, models: ModelCache, progress: bool = True) -> AnalysisResult:
-    """Run (or resume, or read back) one analysis."""
-    run = RunFolder(job.out)
-    if job.finished():
-        return AnalysisResult.read(run)
-    batch = job.sequences(models)
-    loaded = models.get(job.model, job.config.interventions, job.config.placement)
-    return analyze_model(loaded.model, batch, job.config, out=job.out, loaded=loaded, progress=progress)
-
-
-_WORKER_MODELS = ModelCache()  # a Ray worker process keeps its last models for the next task it is given
-
-
-def _run_on_worker(job: AnalysisJob) -> None:
-    run_job(job, _WORKER_MODELS, progress=False)  # the driver reads the run folder back
-
-
 def run_analyses(
     jobs: Sequence[AnalysisJob],
     *,
@@ -147,23 +173,10 @@ def run_analyses(
 ) -> list[AnalysisResult]:
     """Every job's result, in order: finished ones read back, the others run here (one after another, models
     shared through `models`) or as Ray tasks."""
-    if backend not in BACKENDS:
-        raise PosleakError(f"unknown backend '{backend}'; use local or ray")
-    models = models if models is not None else ModelCache()
     if backend == "local":
-        return [run_job(job, models, progress) for job in jobs]
-    todo = [job for job in jobs if not job.finished()]
-    if todo:
-        run_on_ray(
-            _run_on_worker,
-            [(job,) for job in todo],
-            [job.name for job in todo],
-            what="analysis",
-            address=address,
-            resources=[job.resources() for job in todo],
-            progress=progress,
-        )
-    return [AnalysisResult.read(RunFolder(job.out)) for job in jobs]
+        models = models if models is not None else ModelCache()
+        return run_jobs([_SharingModels(job, models) for job in jobs], what="analysis", progress=progress)
+    return run_jobs(jobs, backend, address=address, what="analysis", progress=progress)
 
 
 # ----------------------------------------------------------------------------------------------- batch files
@@ -180,34 +193,22 @@ class BatchSpec:
 
     @classmethod
     def read(cls, path: str | Path) -> BatchSpec:
-        raw = read_mapping(path, "batch file", "posleak.experiments.batch", "name, models, base, grid")
-        return cls.from_dict(raw, default_name=Path(path).stem)
+        return cls.from_dict(BATCH_FILE.read(path), default_name=Path(path).stem)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], default_name: str = "batch") -> BatchSpec:
-        unknown = sorted(set(raw) - {"name", "models", "base", "grid"})
-        if unknown:
-            raise PosleakError(f"batch file has unknown sections {unknown}; use name, models, base, grid")
+        BATCH_FILE.check_sections(raw)
         models = raw.get("models")
         if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
             raise PosleakError("batch 'models' must be a non-empty list of model names, folders or hub ids")
-        base, grid = dict(raw.get("base") or {}), dict(raw.get("grid") or {})
-        for section, keys in (("base", base), ("grid", grid)):
-            bad = sorted(set(keys) - CONFIG_KEYS - INTERVENTION_KEYS)
-            if bad:
-                raise PosleakError(
-                    f"batch {section} has unknown options {bad}; use analyze options "
-                    f"{sorted(CONFIG_KEYS | INTERVENTION_KEYS)}"
-                )
-        check_grid("batch", grid)
+        base, grid = BATCH_FILE.base_and_grid(raw)
         return cls(str(raw.get("name", default_name)), tuple(models), base, grid)
 
     def jobs(self, out: Path) -> list[AnalysisJob]:
         """Every model × grid point, in model order then grid order."""
         jobs = []
         for model in self.models:
-            for point in grid_points(self.grid):
-                options = {**self.base, **point}
+            for point, options in grid_options(self.base, self.grid):
                 interventions = Interventions(**{k: v for k, v in options.items() if k in INTERVENTION_KEYS})
                 config = AnalyzeConfig(
                     **{k: v for k, v in options.items() if k in CONFIG_KEYS}, interventions=interventions
@@ -241,7 +242,7 @@ def batch_problems(jobs: Sequence[AnalysisJob], out: Path) -> list[str]:
         if loaded[key] is None:
             continue
         with problems.collecting():
-            checked_input(job.model, job.config, job.out, base=loaded[key])
+            prepare(job.model, job.config, job.out, base=loaded[key])
     return list(dict.fromkeys(problems.found))
 
 
@@ -251,7 +252,7 @@ def run_batch(
     """Run every analysis of `spec` into OUT/runs and gather them: OUT/comparison.parquet, figures, report.html."""
     out = Path(out).resolve()
     jobs = spec.jobs(out)
-    if problems := batch_problems(jobs, out):
+    if problems := backend_problems(backend) + batch_problems(jobs, out):
         raise BadInput(problems)
     run_analyses(jobs, backend=backend, address=address, progress=progress)
     return compare_runs([job.out for job in jobs], out=out / "comparison", labels=[job.name for job in jobs])

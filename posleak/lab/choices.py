@@ -22,6 +22,7 @@ Only differences the intervals support are stated as differences; with three see
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,15 +33,15 @@ from matplotlib.figure import Figure
 from scipy import stats
 
 from posleak.errors import BadInput
-from posleak.lab.compare import VARIANTS, LabRun, lab_table
-from posleak.lab.results import write_results
-from posleak.lab.sweep import run_trials
-from posleak.lab.tasks import TASKS
+from posleak.lab.compare import LabRun, lab_table, variant_problems
+from posleak.lab.sweep import LabPlan, run_plan
+from posleak.lab.tasks import TASKS, parse_tasks
 from posleak.lab.trainer import TrainConfig
 from posleak.lab.trial import EvalConfig
 from posleak.models.lab.config import TASK_SEEDS, TASK_VARIANTS
 from posleak.report.html import FigureBlock, Section, TableBlock
 from posleak.store import RunFolder, atomic_write
+from posleak.validate import Problems, natural_number
 
 # The default budget of a task run: sized so that `posleak lab --tasks all` (5 tasks × 3 variants × 3 seeds) takes
 # about a quarter of an hour on two cores (README).
@@ -68,13 +69,51 @@ class TaskLab:
         problems = [
             f"unknown task {task}; use all or some of {', '.join(TASKS)}" for task in self.tasks if task not in TASKS
         ]
-        unknown = sorted(set(self.variants) - set(VARIANTS))
-        if unknown or not self.variants:
-            problems.append(f"unknown lab variants {unknown or '(none given)'}; choose from {', '.join(VARIANTS)}")
+        problems += variant_problems(self.variants)
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
             problems.append(f"seeds {list(self.seeds)} must be distinct non-negative integers, at least one")
         if problems:
             raise BadInput(problems)
+
+    @classmethod
+    def from_options(
+        cls,
+        *,
+        task: str | None = None,
+        tasks: str | None = None,
+        seeds: str | None = None,
+        train_options: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> TaskLab:
+        """The task run `posleak lab --task NAME | --tasks all|A,B [--seeds 0,1,2]` names, every problem refused at
+        once: `tasks` is all or comma-separated names, `seeds` comma-separated, `train_options` change TASK_TRAIN
+        (a `seed` among them is refused: each of `seeds` trains every variant), `options` are TaskLab fields."""
+        train_options = dict(train_options or {})
+        problems = Problems()
+        if task is not None and tasks is not None:
+            problems.add("--task and --tasks name the same thing; give one of them")
+        if task is None and tasks is None:
+            problems.add("--seeds is for task runs; add --task NAME or --tasks all")
+        if train_options.get("seed") is not None:
+            problems.add("--seed is for corpus runs; a task run trains every variant with each of --seeds")
+        names: tuple[str, ...] = ()
+        with problems.collecting():
+            names = parse_tasks(tasks if tasks is not None else (task or ""))
+            if task is not None and len(names) != 1:
+                problems.add(f"--task takes one task name, got {task!r}; use --tasks for several")
+        if seeds is not None:
+            parsed = [natural_number(part.strip()) for part in seeds.split(",")]
+            if any(seed is None for seed in parsed) or not parsed:
+                problems.add(f"bad --seeds {seeds!r}; use comma-separated non-negative integers, e.g. 0,1,2")
+            else:
+                options["seeds"] = tuple(seed for seed in parsed if seed is not None)
+        config = None
+        with problems.collecting():
+            config = cls(tasks=names, train=replace(TASK_TRAIN, **train_options), **options)
+            config.labs()  # each task's lab checks its variants and its lengths
+        problems.raise_any()
+        assert config is not None
+        return config
 
     def labs(self) -> list[LabRun]:
         """One lab comparison per task and seed (each validates its own options)."""
@@ -91,6 +130,33 @@ class TaskLab:
             for seed in self.seeds
         ]
 
+    def plan(self) -> LabPlan:
+        """Every (task, variant, seed) as a trial, and the choices written beside the lab table."""
+        multiples = self.eval.length_multiples
+        return LabPlan(
+            [trial for lab in self.labs() for trial in lab.trials()],
+            table_name="lab",
+            title="posleak lab: architecture choices on tasks that need position",
+            intro=(
+                f"Tasks {', '.join(self.tasks)}; variants {', '.join(self.variants)} of the {self.size} lab decoder, "
+                f"seeds {', '.join(map(str, self.seeds))}; each trained for {self.train.steps} steps of "
+                f"{self.train.batch_size} rows × {self.train.seq_len} tokens of its task (loss on the answers only), "
+                f"then scored by exact match on {self.eval.task_seqs} fresh rows at "
+                f"{', '.join(f'{m}×' for m in multiples)} the training length."
+            ),
+            settings={
+                "tasks": list(self.tasks),
+                "variants": list(self.variants),
+                "seeds": list(self.seeds),
+                "size": self.size,
+                "bos": self.bos,
+                "train": asdict(self.train),
+                "eval": asdict(self.eval),
+            },
+            table=lab_table,
+            extras=lambda run, table: choice_tables(run, table, multiples),
+        )
+
 
 def run_task_lab(
     config: TaskLab,
@@ -101,42 +167,18 @@ def run_task_lab(
     jobs: int = 1,
 ) -> pd.DataFrame:
     """Train and measure every (task, variant, seed) into `out`; returns choices.parquet's table."""
-    out = Path(out).resolve()
-    trials = [trial for lab in config.labs() for trial in lab.trials()]
-    rows = run_trials(trials, out, backend, address, progress, jobs)
-    table = lab_table(rows)
-    multiples = config.eval.length_multiples
+    return run_plan(config.plan(), out, backend, address, progress, jobs).extras["choices"]
+
+
+def choice_tables(
+    run: RunFolder, table: pd.DataFrame, multiples: tuple[int, ...]
+) -> tuple[dict[str, pd.DataFrame], list[Section]]:
+    """The variants, choices and components tables of the trials' `table`, and the report's section on them."""
     variants = variant_table(table, multiples)
     choices = choices_table(table, variants, multiples)
     components = components_table(table, multiples)
-    run = RunFolder(out)
-    for name, frame in (("variants", variants), ("choices", choices), ("components", components)):
-        run.write_table(name, frame)
-    write_results(
-        out,
-        trials,
-        table,
-        table_name="lab",
-        title="posleak lab: architecture choices on tasks that need position",
-        intro=(
-            f"Tasks {', '.join(config.tasks)}; variants {', '.join(config.variants)} of the {config.size} lab decoder, "
-            f"seeds {', '.join(map(str, config.seeds))}; each trained for {config.train.steps} steps of "
-            f"{config.train.batch_size} rows × {config.train.seq_len} tokens of its task (loss on the answers only), "
-            f"then scored by exact match on {config.eval.task_seqs} fresh rows at "
-            f"{', '.join(f'{m}×' for m in multiples)} the training length."
-        ),
-        settings={
-            "tasks": list(config.tasks),
-            "variants": list(config.variants),
-            "seeds": list(config.seeds),
-            "size": config.size,
-            "bos": config.bos,
-            "train": asdict(config.train),
-            "eval": asdict(config.eval),
-        },
-        extra_sections=[choices_section(run, choices, components, variants, multiples)],
-    )
-    return choices
+    tables = {"variants": variants, "choices": choices, "components": components}
+    return tables, [choices_section(run, choices, components, variants, multiples)]
 
 
 def seed_interval(
@@ -254,44 +296,9 @@ def choices_section(
 ) -> Section:
     """Per task: the ranking at each length with the differences the intervals support, and how accuracy goes
     with the measured components."""
-    paragraphs = []
-    for task in dict.fromkeys(choices["task"]):
-        lines = [f"**{task}** (needs {TASKS[task].NEEDS} position):"]
-        for m in multiples:
-            cell = choices[(choices["task"] == task) & (choices["multiple"] == m)]
-            ranking = ", ".join(
-                f"{r.variant} {100 * r.accuracy:.0f}% ({100 * r.accuracy_lo:.0f}–{100 * r.accuracy_hi:.0f})"
-                for r in cell.itertuples()
-            )
-            beyond = [f"{r.variant} > {name}" for r in cell.itertuples() for name in r.beats.split(",") if name]
-            chance = cell["chance"].iloc[0]
-            chance_note = f"; chance {100 * chance:.1f}%" if np.isfinite(chance) else ""
-            verdict = "; ".join(beyond) if beyond else "no two variants differ beyond the seed spread"
-            lines.append(f"- {m}×: {ranking}{chance_note}. {verdict}.")
-        for m in multiples:
-            rel = components[(components["task"] == task) & (components["multiple"] == m)]
-            said = [
-                f"{COMPONENT_NAMES[r.component]} ρ = {r.rho:+.2f} ({r.rho_lo:+.2f} to {r.rho_hi:+.2f})"
-                + ("" if r.supported else ", not distinguishable from 0")
-                for r in rel.itertuples()
-                if np.isfinite(r.rho)
-            ]
-            lines.append(
-                f"- accuracy at {m}× against the components over trials: "
-                + ("; ".join(said) or "undefined (no spread)")
-                + "."
-            )
-        per_variant = variants[variants["task"] == task]
-        lines.append(
-            "- components per variant (mean over seeds, 95% interval): "
-            + "; ".join(
-                f"{r.variant}: mask {r.mask_all:.3f} ({r.mask_all_lo:.3f}–{r.mask_all_hi:.3f}), "
-                f"resid {r.resid_all:.3f} ({r.resid_all_lo:.3f}–{r.resid_all_hi:.3f})"
-                for r in per_variant.itertuples()
-            )
-            + "."
-        )
-        paragraphs.append("\n".join(lines))
+    paragraphs = [
+        _task_paragraph(task, choices, components, variants, multiples) for task in dict.fromkeys(choices["task"])
+    ]
     path = _accuracy_figure(run, variants, multiples)
     return Section(
         "Architecture choices per task",
@@ -308,6 +315,52 @@ def choices_section(
             TableBlock("Per variant", variants, collapsed=True, source="variants.parquet"),
         ],
     )
+
+
+def _task_paragraph(
+    task: str,
+    choices: pd.DataFrame,
+    components: pd.DataFrame,
+    variants: pd.DataFrame,
+    multiples: tuple[int, ...],
+) -> str:
+    """One task's part of the choices section (see `choices_section`)."""
+    lines = [f"**{task}** (needs {TASKS[task].NEEDS} position):"]
+    for m in multiples:
+        cell = choices[(choices["task"] == task) & (choices["multiple"] == m)]
+        ranking = ", ".join(
+            f"{r.variant} {100 * r.accuracy:.0f}% ({100 * r.accuracy_lo:.0f}–{100 * r.accuracy_hi:.0f})"
+            for r in cell.itertuples()
+        )
+        beyond = [f"{r.variant} > {name}" for r in cell.itertuples() for name in r.beats.split(",") if name]
+        chance = cell["chance"].iloc[0]
+        chance_note = f"; chance {100 * chance:.1f}%" if np.isfinite(chance) else ""
+        verdict = "; ".join(beyond) if beyond else "no two variants differ beyond the seed spread"
+        lines.append(f"- {m}×: {ranking}{chance_note}. {verdict}.")
+    for m in multiples:
+        rel = components[(components["task"] == task) & (components["multiple"] == m)]
+        said = [
+            f"{COMPONENT_NAMES[r.component]} ρ = {r.rho:+.2f} ({r.rho_lo:+.2f} to {r.rho_hi:+.2f})"
+            + ("" if r.supported else ", not distinguishable from 0")
+            for r in rel.itertuples()
+            if np.isfinite(r.rho)
+        ]
+        lines.append(
+            f"- accuracy at {m}× against the components over trials: "
+            + ("; ".join(said) or "undefined (no spread)")
+            + "."
+        )
+    per_variant = variants[variants["task"] == task]
+    lines.append(
+        "- components per variant (mean over seeds, 95% interval): "
+        + "; ".join(
+            f"{r.variant}: mask {r.mask_all:.3f} ({r.mask_all_lo:.3f}–{r.mask_all_hi:.3f}), "
+            f"resid {r.resid_all:.3f} ({r.resid_all_lo:.3f}–{r.resid_all_hi:.3f})"
+            for r in per_variant.itertuples()
+        )
+        + "."
+    )
+    return "\n".join(lines)
 
 
 def _accuracy_figure(run: RunFolder, variants: pd.DataFrame, multiples: tuple[int, ...]) -> Path:

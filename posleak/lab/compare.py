@@ -33,8 +33,7 @@ from typing import Any
 import pandas as pd
 
 from posleak.errors import PosleakError
-from posleak.lab.results import write_results
-from posleak.lab.sweep import run_trials
+from posleak.lab.sweep import LabPlan, run_plan
 from posleak.lab.trainer import TrainConfig
 from posleak.lab.trial import EvalConfig, Trial
 from posleak.models.lab.config import VARIANTS, LabSpec
@@ -65,9 +64,8 @@ class LabRun:
     ntk_factor: float = 4.0
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.variants) - set(VARIANTS))
-        if unknown or not self.variants:
-            raise PosleakError(f"unknown lab variants {unknown or '(none given)'}; choose from {', '.join(VARIANTS)}")
+        if problems := variant_problems(self.variants):
+            raise PosleakError(problems[0])
         if "window" in self.variants and self.train.seq_len < 8:
             raise PosleakError(f"the lab's window variant needs seq_len ≥ 8 (T/4 ≥ 2); got {self.train.seq_len}")
 
@@ -92,6 +90,30 @@ class LabRun:
     def trials(self) -> list[Trial]:
         return [self.trial(variant) for variant in self.variants]
 
+    def plan(self) -> LabPlan:
+        trials = self.trials()
+        return LabPlan(
+            trials,
+            table_name="lab",
+            title="posleak lab: position encodings, masks and normalisations at one budget",
+            intro=(
+                f"{len(trials)} variants of the {self.size} lab decoder, each trained for {self.train.steps} steps "
+                f"of {self.train.batch_size} × {self.train.seq_len} tokens (seed {self.train.seed}, BOS "
+                f"{'on' if self.bos else 'off'}). rope-ntk is the rope model with NTK scaling ×{self.ntk_factor:g} "
+                "applied at evaluation."
+            ),
+            settings={"size": self.size, "bos": self.bos, "train": asdict(self.train), "eval": asdict(self.eval)},
+            table=lab_table,
+        )
+
+
+def variant_problems(variants: tuple[str, ...]) -> list[str]:
+    """The problem with a choice of lab variants: unknown names, or none."""
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown or not variants:
+        return [f"unknown lab variants {unknown or '(none given)'}; choose from {', '.join(VARIANTS)}"]
+    return []
+
 
 def run_lab(
     config: LabRun,
@@ -102,25 +124,7 @@ def run_lab(
     jobs: int = 1,
 ) -> pd.DataFrame:
     """Train and measure every variant into `out`; the lab table (also written as lab.parquet)."""
-    out = Path(out).resolve()
-    trials = config.trials()
-    rows = run_trials(trials, out, backend, address, progress, jobs)
-    table = lab_table(rows)
-    write_results(
-        out,
-        trials,
-        table,
-        table_name="lab",
-        title="posleak lab: position encodings, masks and normalisations at one budget",
-        intro=(
-            f"{len(trials)} variants of the {config.size} lab decoder, each trained for {config.train.steps} steps "
-            f"of {config.train.batch_size} × {config.train.seq_len} tokens (seed {config.train.seed}, BOS "
-            f"{'on' if config.bos else 'off'}). rope-ntk is the rope model with NTK scaling ×{config.ntk_factor:g} "
-            "applied at evaluation."
-        ),
-        settings={"size": config.size, "bos": config.bos, "train": asdict(config.train), "eval": asdict(config.eval)},
-    )
-    return table
+    return run_plan(config.plan(), out, backend, address, progress, jobs).table
 
 
 def lab_table(rows: list[dict[str, Any]]) -> pd.DataFrame:

@@ -1,4 +1,9 @@
-"""Sweeps: a YAML grid of lab configurations × seeds, each a trial (train, then measure), locally or on Ray.
+"""Running lab trials, and sweeps: a YAML grid of lab configurations × seeds, each a trial (train, then measure),
+locally or on Ray.
+
+`run_trials` runs any list of trials on a backend (`posleak.runner`); `run_plan` is the one path of every lab
+entry point (`posleak lab`, `posleak lab --tasks`, `posleak sweep`): trials plus what to write, run, then
+gathered into one results folder (`posleak.lab.results`).
 
 Spec file:
 
@@ -30,27 +35,35 @@ then be a folder every node can write (a shared file system).
 
 from __future__ import annotations
 
-import multiprocessing
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from posleak.errors import PosleakError
 from posleak.lab.results import write_results
 from posleak.lab.trainer import TrainConfig
-from posleak.lab.trial import EvalConfig, Trial, finished_row, run_trial
+from posleak.lab.trial import EvalConfig, Trial, TrialJob
 from posleak.models.lab.config import LabSpec
-from posleak.runner import BACKENDS, run_on_ray
-from posleak.store.specfile import check_grid, grid_points, read_mapping
+from posleak.report.html import Section
+from posleak.runner import backend_problems, run_jobs
+from posleak.store import RunFolder
+from posleak.store.specfile import SpecFormat, grid_options
 from posleak.validate import Problems, out_folder_problems
 
 LAB_KEYS = frozenset(f.name for f in fields(LabSpec))
 TRAIN_KEYS = frozenset(f.name for f in fields(TrainConfig)) - {"seed"}
+SWEEP_FILE = SpecFormat(
+    kind="sweep spec",
+    short="sweep",
+    owner="sweep spec",
+    module="posleak.lab.sweep",
+    sections=("name", "base", "grid", "seeds", "eval"),
+    options=LAB_KEYS | TRAIN_KEYS,
+    options_hint=(f"use lab options {sorted(LAB_KEYS)} or training options {sorted(TRAIN_KEYS)} (seeds go in 'seeds')"),
+)
 
 
 @dataclass(frozen=True)
@@ -65,23 +78,12 @@ class SweepSpec:
 
     @classmethod
     def read(cls, path: str | Path) -> SweepSpec:
-        raw = read_mapping(path, "sweep spec", "posleak.lab.sweep", "name, base, grid, seeds, eval")
-        return cls.from_dict(raw, default_name=Path(path).stem)
+        return cls.from_dict(SWEEP_FILE.read(path), default_name=Path(path).stem)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], default_name: str = "sweep") -> SweepSpec:
-        unknown = sorted(set(raw) - {"name", "base", "grid", "seeds", "eval"})
-        if unknown:
-            raise PosleakError(f"sweep spec has unknown sections {unknown}; use name, base, grid, seeds, eval")
-        base, grid = dict(raw.get("base") or {}), dict(raw.get("grid") or {})
-        for section, keys in (("base", base), ("grid", grid)):
-            bad = sorted(set(keys) - LAB_KEYS - TRAIN_KEYS)
-            if bad:
-                raise PosleakError(
-                    f"sweep spec {section} has unknown options {bad}; use lab options {sorted(LAB_KEYS)} "
-                    f"or training options {sorted(TRAIN_KEYS)} (seeds go in 'seeds')"
-                )
-        check_grid("sweep", grid)
+        SWEEP_FILE.check_sections(raw)
+        base, grid = SWEEP_FILE.base_and_grid(raw)
         seeds = raw.get("seeds", [0])
         if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
             raise PosleakError("sweep 'seeds' must be a non-empty list of integers")
@@ -96,14 +98,27 @@ class SweepSpec:
     def trials(self) -> list[Trial]:
         """Every grid point × seed, in grid order then seed order."""
         trials = []
-        for point in grid_points(self.grid):
-            options = {**self.base, **point}
+        for point, options in grid_options(self.base, self.grid):
             name = ",".join(f"{key}={value}" for key, value in point.items()) or "base"
             spec = LabSpec(**{k: v for k, v in options.items() if k in LAB_KEYS})
             train_options = {k: v for k, v in options.items() if k in TRAIN_KEYS}
             for seed in self.seeds:
                 trials.append(Trial(name, spec, TrainConfig.from_dict({**train_options, "seed": seed}), self.eval))
         return trials
+
+    def plan(self) -> LabPlan:
+        trials = self.trials()
+        return LabPlan(
+            trials,
+            table_name="sweep",
+            title=f"posleak sweep: {self.name}",
+            intro=(
+                f"{len(trials)} trials: {len(trials) // len(self.seeds)} configurations × {len(self.seeds)} seeds. "
+                f"Grid: {', '.join(f'{k} ∈ {v}' for k, v in self.grid.items()) or 'none'}; base options: "
+                f"{self.base or 'defaults'}."
+            ),
+            settings={"spec": {"name": self.name, "base": self.base, "grid": self.grid, "seeds": list(self.seeds)}},
+        )
 
 
 def run_trials(
@@ -119,8 +134,7 @@ def run_trials(
     Locally, `jobs` > 1 runs that many trials at a time in worker processes (one torch thread each)."""
     problems = Problems()
     problems.extend(out_folder_problems(root))
-    if backend not in BACKENDS:
-        problems.add(f"unknown backend '{backend}'; use local or ray")
+    problems.extend(backend_problems(backend))
     if jobs < 1:
         problems.add(f"jobs must be at least 1, got {jobs}")
     if address is None:  # the trials run on this machine: a device it lacks is refused before any trial starts
@@ -128,37 +142,62 @@ def run_trials(
             problems.extend(placement.problems())
     problems.raise_any()
     root = Path(root).resolve()
-    rows: list[dict[str, Any] | None] = [finished_row(root, trial) for trial in trials]
-    todo = [trials[index] for index, row in enumerate(rows) if row is None]
-    if not todo:
-        new_rows: list[dict[str, Any]] = []
-    elif backend == "ray":
-        new_rows = _run_on_ray(todo, root, address, progress)
-    elif jobs > 1 and len(todo) > 1:
-        new_rows = _run_in_processes(todo, root, min(jobs, len(todo)), progress)
-    else:
-        new_rows = [run_trial(trial, root, progress) for trial in tqdm(todo, desc="trials", disable=not progress)]
-    fresh = iter(new_rows)
-    return [row if row is not None else next(fresh) for row in rows]
+    units = [TrialJob(trial, root) for trial in trials]
+    return run_jobs(units, backend, address=address, workers=jobs, what="trial", progress=progress)
 
 
-def _run_in_processes(trials: Sequence[Trial], root: Path, jobs: int, progress: bool) -> list[dict[str, Any]]:
-    # spawn, not fork: a forked child inherits torch's thread pool in an undefined state.
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = [pool.submit(run_trial, trial, root, False) for trial in trials]
-        with tqdm(total=len(futures), desc=f"trials ({jobs} at a time)", disable=not progress) as bar:
-            for future in as_completed(futures):
-                future.result()  # fail early: the first trial error stops the lab
-                bar.update()
-        return [future.result() for future in futures]
+# Extra tables and report sections from the trials' table (a task lab's choices), given the results folder.
+Extras = Callable[[RunFolder, pd.DataFrame], tuple[dict[str, pd.DataFrame], list[Section]]]
 
 
-def _run_on_ray(trials: Sequence[Trial], root: Path, address: str | None, progress: bool) -> list[dict[str, Any]]:
-    """One Ray task (1 CPU) per trial, on a local cluster started here or on the cluster at `address`."""
-    calls = [(trial, str(root), False) for trial in trials]
-    names = [f"{trial.name} ({trial.key})" for trial in trials]
-    return run_on_ray(run_trial, calls, names, what="trial", address=address, progress=progress)
+@dataclass(frozen=True)
+class LabPlan:
+    """What a lab entry point runs and writes: its trials, how their rows become the summary table, and the
+    report's words; `extras` adds tables (written beside the summary) and sections after it."""
+
+    trials: list[Trial]
+    table_name: str
+    title: str
+    intro: str
+    settings: Mapping[str, Any]
+    table: Callable[[list[dict[str, Any]]], pd.DataFrame] = pd.DataFrame
+    extras: Extras | None = None
+
+
+@dataclass(frozen=True)
+class LabOutcome:
+    """The summary table of a plan's trials and its extra tables, by name."""
+
+    table: pd.DataFrame
+    extras: dict[str, pd.DataFrame]
+
+
+def run_plan(
+    plan: LabPlan,
+    out: str | Path,
+    backend: str = "local",
+    address: str | None = None,
+    progress: bool = True,
+    jobs: int = 1,
+) -> LabOutcome:
+    """Run every trial of `plan` into `out`, then write its tables, figures and report there."""
+    rows = run_trials(plan.trials, out, backend, address, progress, jobs)
+    run = RunFolder(Path(out).resolve())
+    table = plan.table(rows)
+    extras, sections = plan.extras(run, table) if plan.extras is not None else ({}, [])
+    for name, frame in extras.items():
+        run.write_table(name, frame)
+    write_results(
+        run.path,
+        plan.trials,
+        table,
+        table_name=plan.table_name,
+        title=plan.title,
+        intro=plan.intro,
+        settings=plan.settings,
+        extra_sections=sections,
+    )
+    return LabOutcome(table, extras)
 
 
 def run_sweep(
@@ -170,20 +209,4 @@ def run_sweep(
     jobs: int = 1,
 ) -> pd.DataFrame:
     """Run every trial of `spec` into `out` and gather them: sweep.parquet and report.html."""
-    trials = spec.trials()
-    rows = run_trials(trials, out, backend, address, progress, jobs)
-    table = pd.DataFrame(rows)
-    write_results(
-        Path(out).resolve(),
-        trials,
-        table,
-        table_name="sweep",
-        title=f"posleak sweep: {spec.name}",
-        intro=(
-            f"{len(trials)} trials: {len(trials) // len(spec.seeds)} configurations × {len(spec.seeds)} seeds. "
-            f"Grid: {', '.join(f'{k} ∈ {v}' for k, v in spec.grid.items()) or 'none'}; base options: "
-            f"{spec.base or 'defaults'}."
-        ),
-        settings={"spec": {"name": spec.name, "base": spec.base, "grid": spec.grid, "seeds": list(spec.seeds)}},
-    )
-    return table
+    return run_plan(spec.plan(), out, backend, address, progress, jobs).table

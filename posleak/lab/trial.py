@@ -6,7 +6,7 @@ A trial is `Trial(name, spec, train, eval, overrides)`. Under an output root:
   training options, so trials that differ only in evaluation (RoPE scaling applied at evaluation, say)
   share one training, serialised by a file lock;
 - `trials/<trial key>/` holds the measurements: `probe.parquet`, `per_layer.parquet`, `analysis/` (the
-  `posleak.pipeline.analysis` run folder) and, written last, `complete.json` — the result row with the start and end
+  analysis run folder (`posleak.pipeline`)) and, written last, `complete.json` — the result row with the start and end
   time. A trial with `complete.json` is never rerun; its stored row is returned.
 
 Measurements, all on the validation documents:
@@ -14,7 +14,7 @@ Measurements, all on the validation documents:
 - perplexity at each multiple of the training length: exp(mean next-token loss) over every window of
   that length the validation stream holds, so that all lengths cover the same text;
 - the position probe (`posleak.measure.probe`) on `probe_seqs` windows of the training length;
-- the decomposition (`posleak.pipeline.analysis.analyze_model`) on `analyze_seqs` windows of the training length;
+- the decomposition (`posleak.pipeline.analyze_model`) on `analyze_seqs` windows of the training length;
   `mask_all` / `resid_all` in the row are its per-layer means over heads, averaged over layers. It is
   defined for causal and sliding-window masks only, so `prefix:P` models get NaN there.
 """
@@ -46,7 +46,7 @@ from posleak.lab.trainer import TrainConfig, evaluate_loss, torch_threads, train
 from posleak.measure.probe import ProbeConfig, best_r2, probe_positions
 from posleak.models.lab.config import LabSpec
 from posleak.models.lab.model import LabForCausalLM, load_lab_model
-from posleak.pipeline.analysis import AnalyzeConfig, analyze_model
+from posleak.pipeline import AnalyzeConfig, analyze_model
 from posleak.store import atomic_write
 
 MARKER = "complete.json"
@@ -123,6 +123,27 @@ def finished_row(root: Path, trial: Trial) -> dict[str, Any] | None:
     """The stored result of a finished trial, or None."""
     marker = trial_folder(root, trial) / MARKER
     return json.loads(marker.read_text())["row"] if marker.is_file() else None
+
+
+@dataclass(frozen=True)
+class TrialJob:
+    """A trial under an output root: the unit `posleak.runner` runs (one CPU per Ray task)."""
+
+    trial: Trial
+    root: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.trial.name} ({self.trial.key})"
+
+    def finished(self) -> bool:
+        return finished_row(self.root, self.trial) is not None
+
+    def run(self, progress: bool) -> dict[str, Any]:
+        return run_trial(self.trial, self.root, progress)
+
+    def resources(self) -> dict[str, float]:
+        return {"num_cpus": 1}
 
 
 def run_trial(trial: Trial, root: str | Path, progress: bool = True, threads: int | None = 1) -> dict[str, Any]:
