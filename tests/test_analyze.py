@@ -189,7 +189,7 @@ def test_real_models_position0_is_closed(name: str, request: pytest.FixtureReque
 
 @pytest.mark.slow
 def test_gemma_fingerprint_is_constant_with_bos_only(gemma3: LoadedModel) -> None:
-    from posleak.commands.intervene import without_bos
+    from posleak.data.batches import without_bos
     from posleak.experiments.paper.c6 import position0_states
     from posleak.measure.position0 import fingerprint_constancy
 

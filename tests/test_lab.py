@@ -37,9 +37,10 @@ from posleak.cli import main
 from posleak.errors import PosleakError
 from posleak.lab import checkpoint as checkpoint_module
 from posleak.lab.choices import TASK_EVAL, TASK_TRAIN, TaskLab
-from posleak.lab.compare import LAB_COLUMNS, LabRun, run_lab
+from posleak.lab.variants import LAB_COLUMNS, LabRun
 from posleak.lab.data import lab_sequences, prepare_data
-from posleak.lab.sweep import SweepSpec, run_sweep
+from posleak.lab.plan import run_plan
+from posleak.lab.sweep import SweepSpec
 from posleak.lab.tasks import generate
 from posleak.lab.trainer import TrainConfig, train
 from posleak.lab.trial import MARKER, EvalConfig, Trial, trial_folder
@@ -422,7 +423,7 @@ TINY_EVAL = EvalConfig(probe_seqs=8, analyze_seqs=4, batch_size=4, bootstrap=0)
 def test_lab_writes_its_table_and_report(tmp_path: Path) -> None:
     train_config = TrainConfig(steps=6, seq_len=32, batch_size=4, warmup_steps=2, eval_every=3, checkpoint_every=6)
     config = LabRun(train=train_config, eval=TINY_EVAL, variants=("rope", "rope-ntk", "sigmoid"))
-    table = run_lab(config, tmp_path, progress=False)
+    table = run_plan(config.plan(), tmp_path, progress=False).table
     assert list(table.columns[: len(LAB_COLUMNS)]) == list(LAB_COLUMNS)
     assert table["variant"].tolist() == ["rope", "rope-ntk", "sigmoid"]
     assert (tmp_path / "lab.parquet").is_file() and (tmp_path / "report.html").is_file()
@@ -465,10 +466,10 @@ def test_sweep_spec_errors_name_the_problem() -> None:
 @pytest.mark.slow
 def test_sweep_on_a_local_ray_cluster_reruns_nothing(tmp_path: Path) -> None:
     spec = _sweep_spec()
-    table = run_sweep(spec, tmp_path, backend="ray", progress=False)
+    table = run_plan(spec.plan(), tmp_path, backend="ray", progress=False).table
     assert len(table) == 4 and set(table["pe"]) == {"rope", "nope"} and set(table["seed"]) == {0, 1}
     first = _markers(tmp_path, spec)
-    again = run_sweep(spec, tmp_path, backend="ray", progress=False)
+    again = run_plan(spec.plan(), tmp_path, backend="ray", progress=False).table
     assert _markers(tmp_path, spec) == first, "a finished trial ran again"
     pd.testing.assert_frame_equal(again, table)
     assert (tmp_path / "sweep.parquet").is_file() and (tmp_path / "report.html").is_file()
@@ -571,7 +572,7 @@ TIMINGS = ["train_s", "eval_s"]
 def reference_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pd.DataFrame]:
     """RESUME_SWEEP run once, uninterrupted, one trial after the other in this process."""
     out = tmp_path_factory.mktemp("reference-sweep")
-    return out, run_sweep(SweepSpec.from_dict(RESUME_SWEEP), out, progress=False, jobs=1)
+    return out, run_plan(SweepSpec.from_dict(RESUME_SWEEP).plan(), out, progress=False, jobs=1).table
 
 
 def _assert_same_results(table: pd.DataFrame, reference: pd.DataFrame) -> None:
@@ -588,14 +589,14 @@ def test_sweep_interrupted_mid_trial_resumes_without_redoing_finished_trials(
     spec = SweepSpec.from_dict(RESUME_SWEEP)
     first, second, _ = spec.trials()
     with _optimizer_steps(interrupt_before=6 + 4), pytest.raises(KeyboardInterrupt):
-        run_sweep(spec, tmp_path, progress=False, jobs=1)
+        run_plan(spec.plan(), tmp_path, progress=False, jobs=1)
     assert (trial_folder(tmp_path, first) / MARKER).is_file()
     assert not (trial_folder(tmp_path, second) / MARKER).exists()
     assert (tmp_path / "models" / second.train_key / "checkpoints" / "latest").read_text().strip() == "step-000002"
     finished = file_stamps(trial_folder(tmp_path, first), tmp_path / "models" / first.train_key)
 
     with _optimizer_steps() as steps:
-        table = run_sweep(spec, tmp_path, progress=False, jobs=1)
+        table = run_plan(spec.plan(), tmp_path, progress=False, jobs=1).table
     assert steps[0] == (6 - 2) + 6
     assert file_stamps(trial_folder(tmp_path, first), tmp_path / "models" / first.train_key) == finished
     _assert_same_results(table, reference_sweep[1])
@@ -678,7 +679,7 @@ def test_ray_retries_a_worker_killed_mid_training_from_its_checkpoint(
     _with_finished(tmp_path, reference_sweep[0], trials[:2])
     finished = _finished_stamps(tmp_path, trials[:2])
     plan_fault(ray_faults, "alibi", "checkpoint", times=1)
-    table = run_sweep(spec, tmp_path, backend="ray", progress=False)
+    table = run_plan(spec.plan(), tmp_path, backend="ray", progress=False).table
     assert (ray_faults / "deaths.log").read_text().splitlines() == ["alibi checkpoint"]
     assert (ray_faults / "checkpoints.log").read_text().split() == ["2", "4", "6"]
     assert _finished_stamps(tmp_path, trials[:2]) == finished
@@ -697,14 +698,14 @@ def test_ray_worker_that_keeps_dying_fails_the_sweep_and_a_rerun_finishes_it(
     _with_finished(tmp_path, reference_sweep[0], trials[:2])
     plan_fault(ray_faults, "alibi", "measure", times=100)
     with pytest.raises(PosleakError, match=r"Ray worker died running trial pe=alibi .* rerun the same command") as err:
-        run_sweep(spec, tmp_path, backend="ray", progress=False)
+        run_plan(spec.plan(), tmp_path, backend="ray", progress=False)
     assert "\n" not in str(err.value)
     assert not (trial_folder(tmp_path, trials[2]) / MARKER).exists()
     assert len((ray_faults / "deaths.log").read_text().splitlines()) > 1  # Ray retried before giving up
     kept = _finished_stamps(tmp_path, trials[:2]) | file_stamps(tmp_path / "models" / trials[2].train_key)
 
     (ray_faults / "plan.json").unlink()
-    table = run_sweep(spec, tmp_path, backend="ray", progress=False)
+    table = run_plan(spec.plan(), tmp_path, backend="ray", progress=False).table
     assert _finished_stamps(tmp_path, trials[:2]) | file_stamps(tmp_path / "models" / trials[2].train_key) == kept
     _assert_same_results(table, reference_sweep[1])
 

@@ -164,7 +164,8 @@ def _train(args: argparse.Namespace) -> int:
 def _lab(args: argparse.Namespace) -> int:
     if args.task is not None or args.tasks is not None or args.seeds is not None:
         return _task_lab(args)
-    from posleak.lab.compare import LabRun, run_lab
+    from posleak.lab.variants import LabRun
+    from posleak.lab.plan import run_plan
     from posleak.lab.trial import EvalConfig
 
     config = _checked(
@@ -178,7 +179,7 @@ def _lab(args: argparse.Namespace) -> int:
             ntk_factor=args.ntk_factor,
         ),
     )
-    table = run_lab(config, args.out, backend=args.backend, address=args.address, jobs=args.jobs)
+    table = run_plan(config.plan(), args.out, backend=args.backend, address=args.address, jobs=args.jobs).table
     print(
         table[["variant", "ppl_1x", "ppl_2x", "ppl_4x", "probe_r2_best", "mask_all", "resid_all"]].to_string(
             index=False
@@ -194,7 +195,8 @@ def _names(text: str) -> tuple[str, ...]:
 
 def _task_lab(args: argparse.Namespace) -> int:
     """`posleak lab --task NAME | --tasks all|A,B [--seeds 0,1,2]`: every option checked before any training."""
-    from posleak.lab.choices import TaskLab, run_task_lab
+    from posleak.lab.choices import TaskLab
+    from posleak.lab.plan import run_plan
 
     config = _checked(
         args,
@@ -209,7 +211,8 @@ def _task_lab(args: argparse.Namespace) -> int:
             ntk_factor=args.ntk_factor,
         ),
     )
-    choices = run_task_lab(config, args.out, backend=args.backend, address=args.address, jobs=args.jobs)
+    outcome = run_plan(config.plan(), args.out, backend=args.backend, address=args.address, jobs=args.jobs)
+    choices = outcome.extras["choices"]
     first = choices[choices["multiple"] == choices["multiple"].min()]
     print(first[["task", "variant", "rank", "accuracy", "accuracy_lo", "accuracy_hi", "beats"]].to_string(index=False))
     print(f"choices: {Path(args.out) / 'choices.parquet'}, report: {Path(args.out) / 'report.html'}")
@@ -217,9 +220,10 @@ def _task_lab(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from posleak.lab.sweep import SweepSpec, run_sweep
+    from posleak.lab.plan import run_plan
+    from posleak.lab.sweep import SweepSpec
 
     spec = _checked(args, lambda: SweepSpec.read(args.spec))
-    table = run_sweep(spec, args.out, backend=args.backend, address=args.address, jobs=args.jobs)
+    table = run_plan(spec.plan(), args.out, backend=args.backend, address=args.address, jobs=args.jobs).table
     print(f"{len(table)} trials → {Path(args.out) / 'sweep.parquet'}, report: {Path(args.out) / 'report.html'}")
     return 0

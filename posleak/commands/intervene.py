@@ -19,8 +19,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from posleak.data.batches import TokenBatch
-from posleak.errors import PosleakError
+from posleak.data.batches import TokenBatch, without_bos
 from posleak.intervene.spec import Interventions
 from posleak.measure import measured_magnitudes, percentile_interval
 from posleak.measure.behaviour import behaviour_lines, behaviour_table
@@ -32,6 +31,7 @@ from posleak.pipeline import (
     analyze_model,
     finished_here,
     load_for,
+    resampled_layers,
     run_args,
     token_file_bos_problems,
 )
@@ -150,14 +150,6 @@ def checked_intervention(
     return loaded, batch, args
 
 
-def without_bos(batch: TokenBatch) -> TokenBatch:
-    """The same rows with the BOS at position 0 removed (T − 1 tokens): `--bos off` as an intervention."""
-    if batch.bos_id is None:
-        raise PosleakError("--bos off as an intervention needs a tokenizer with a BOS token to remove")
-    ids = batch.ids[:, 1:]
-    return dataclasses.replace(batch, ids=ids, bos_policy="off", bos_id=None, pos0_token_ids=ids[:, 0].clone())
-
-
 def effect_table(baseline: AnalysisResult, intervened: AnalysisResult, level: float = 0.95) -> pd.DataFrame:
     """Columns `layer, measure, baseline, intervened, pct_change, pct_lo, pct_hi` (layer −1: overall)."""
     rows = []
@@ -192,14 +184,6 @@ def effect_table(baseline: AnalysisResult, intervened: AnalysisResult, level: fl
 
 def _by_layer(per_layer: pd.DataFrame, measure: str) -> pd.Series:
     return per_layer.set_index("layer")[measure].sort_index().astype("float64")
-
-
-def resampled_layers(bootstrap: pd.DataFrame, measure: str) -> torch.Tensor | None:
-    """(R, L) resampled layer magnitudes, or None when the run kept no bootstrap."""
-    if bootstrap.empty:
-        return None
-    table = bootstrap.pivot(index="resample", columns="layer", values=measure).sort_index(axis=1)
-    return torch.tensor(table.to_numpy(), dtype=torch.float64)
 
 
 def _report(

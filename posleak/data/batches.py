@@ -11,6 +11,7 @@ position 0 is always a decision of the policy and never a side effect of the tok
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -249,3 +250,11 @@ def iter_batches(batch: TokenBatch, batch_size: int) -> Iterator[tuple[torch.Ten
     for start in range(0, batch.num_seqs, batch_size):
         stop = min(start + batch_size, batch.num_seqs)
         yield torch.arange(start, stop), batch.ids[start:stop]
+
+
+def without_bos(batch: TokenBatch) -> TokenBatch:
+    """The same rows with the BOS at position 0 removed (T − 1 tokens): `--bos off` as an intervention."""
+    if batch.bos_id is None:
+        raise PosleakError("--bos off as an intervention needs a tokenizer with a BOS token to remove")
+    ids = batch.ids[:, 1:]
+    return dataclasses.replace(batch, ids=ids, bos_policy="off", bos_id=None, pos0_token_ids=ids[:, 0].clone())

@@ -21,9 +21,8 @@ from typing import Literal
 
 import torch
 
-from posleak.commands.intervene import resampled_layers
 from posleak.measure import percentile_interval
-from posleak.pipeline import AnalysisResult
+from posleak.pipeline import AnalysisResult, resampled_layers
 
 Says = Literal["supports", "contradicts", "unclear"]
 Direction = Literal["above", "below"]

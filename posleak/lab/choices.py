@@ -33,8 +33,8 @@ from matplotlib.figure import Figure
 from scipy import stats
 
 from posleak.errors import BadInput
-from posleak.lab.compare import LabRun, lab_table, variant_problems
-from posleak.lab.sweep import LabPlan, run_plan
+from posleak.lab.variants import LabRun, lab_table, variant_problems
+from posleak.lab.plan import LabPlan
 from posleak.lab.tasks import TASKS, parse_tasks
 from posleak.lab.trainer import TrainConfig
 from posleak.lab.trial import EvalConfig
@@ -157,17 +157,6 @@ class TaskLab:
             extras=lambda run, table: choice_tables(run, table, multiples),
         )
 
-
-def run_task_lab(
-    config: TaskLab,
-    out: str | Path,
-    backend: str = "local",
-    address: str | None = None,
-    progress: bool = True,
-    jobs: int = 1,
-) -> pd.DataFrame:
-    """Train and measure every (task, variant, seed) into `out`; returns choices.parquet's table."""
-    return run_plan(config.plan(), out, backend, address, progress, jobs).extras["choices"]
 
 
 def choice_tables(

@@ -12,7 +12,7 @@ from posleak.pipeline.prepare import (
     sequences_for,
     token_file_bos_problems,
 )
-from posleak.pipeline.result import AnalysisResult, finished_here
+from posleak.pipeline.result import AnalysisResult, finished_here, resampled_layers
 from posleak.pipeline.run import analyze_model, attention_stats, sink_heads_of
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "finished_here",
     "load_for",
     "prepare",
+    "resampled_layers",
     "run_args",
     "sequences_for",
     "sink_heads_of",

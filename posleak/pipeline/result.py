@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
+import torch
 
 from posleak.pipeline.config import AnalyzeConfig
 from posleak.store import RunFolder
@@ -46,3 +47,11 @@ def finished_here(run: RunFolder, spec: str, config: AnalyzeConfig, command: str
     args = run.read_manifest().get("args") or {}
     same_config = args.get("config") == json.loads(json.dumps(dataclasses.asdict(config)))
     return same_config and args.get("model") == spec and args.get("command") == command
+
+
+def resampled_layers(bootstrap: pd.DataFrame, measure: str) -> torch.Tensor | None:
+    """(R, L) resampled layer magnitudes, or None when the run kept no bootstrap."""
+    if bootstrap.empty:
+        return None
+    table = bootstrap.pivot(index="resample", columns="layer", values=measure).sort_index(axis=1)
+    return torch.tensor(table.to_numpy(), dtype=torch.float64)

@@ -19,7 +19,7 @@ from posleak.experiments.paper.claim import ClaimModule, quote, rounded
 from posleak.experiments.paper.plan import ROLES, SHOWN
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
 from posleak.experiments.paper.verdict import Judgement, judge, row
-from posleak.lab.sweep import run_trials
+from posleak.lab.plan import run_trials
 from posleak.lab.trainer import TrainConfig
 from posleak.lab.trial import EvalConfig, Trial, trial_folder
 from posleak.models.lab.config import LabSpec

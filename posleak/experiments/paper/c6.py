@@ -14,8 +14,7 @@ import pandas as pd
 import torch
 
 from posleak.capture import CaptureSession, ResidualCapture
-from posleak.commands.intervene import without_bos
-from posleak.data.batches import TokenBatch, iter_batches
+from posleak.data.batches import TokenBatch, iter_batches, without_bos
 from posleak.experiments.paper.claim import ClaimModule, quote
 from posleak.experiments.paper.plan import FINGERPRINT_ROLES, ROLES, SAMPLES, SHOWN, RoleName
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns

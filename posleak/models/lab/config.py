@@ -51,7 +51,7 @@ TASK_SEEDS: tuple[int, ...] = (0, 1, 2)
 # Sigmoid attention needs its logits centred well below 0 or every weight starts near 1/2 and the
 # output grows with the number of keys: b = −log n (Ramapuram et al., arXiv 2409.04431), n = 128 here.
 SIGMOID_BIAS_INIT = -math.log(128.0)
-# The variants `posleak lab` compares (posleak.lab.compare turns each into a LabSpec); named here, beside
+# The variants `posleak lab` compares (posleak.lab.variants turns each into a LabSpec); named here, beside
 # the choices they vary, so that the command line lists them without importing the comparison.
 VARIANTS: tuple[str, ...] = ("rope", "nope", "learned", "sinusoidal", "alibi", "rope-ntk", "window", "sink", "sigmoid")
 

@@ -27,13 +27,12 @@ resid_all, then provenance columns) and the gathered tables, figures and report 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from posleak.errors import PosleakError
-from posleak.lab.sweep import LabPlan, run_plan
+from posleak.lab.plan import LabPlan
 from posleak.lab.trainer import TrainConfig
 from posleak.lab.trial import EvalConfig, Trial
 from posleak.models.lab.config import VARIANTS, LabSpec
@@ -114,17 +113,6 @@ def variant_problems(variants: tuple[str, ...]) -> list[str]:
         return [f"unknown lab variants {unknown or '(none given)'}; choose from {', '.join(VARIANTS)}"]
     return []
 
-
-def run_lab(
-    config: LabRun,
-    out: str | Path,
-    backend: str = "local",
-    address: str | None = None,
-    progress: bool = True,
-    jobs: int = 1,
-) -> pd.DataFrame:
-    """Train and measure every variant into `out`; the lab table (also written as lab.parquet)."""
-    return run_plan(config.plan(), out, backend, address, progress, jobs).table
 
 
 def lab_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
