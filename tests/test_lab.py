@@ -37,13 +37,13 @@ from posleak.cli import main
 from posleak.errors import PosleakError
 from posleak.lab import checkpoint as checkpoint_module
 from posleak.lab.choices import TASK_EVAL, TASK_TRAIN, TaskLab
-from posleak.lab.variants import LAB_COLUMNS, LabRun
 from posleak.lab.data import lab_sequences, prepare_data
 from posleak.lab.plan import run_plan
 from posleak.lab.sweep import SweepSpec
 from posleak.lab.tasks import generate
 from posleak.lab.trainer import TrainConfig, train
 from posleak.lab.trial import MARKER, EvalConfig, Trial, trial_folder
+from posleak.lab.variants import LAB_COLUMNS, LabRun
 from posleak.measure.probe import PROBE_COLUMNS, ProbeConfig, probe_positions
 from posleak.models.lab.config import NORMS, PE_KINDS, LabSpec
 from posleak.models.lab.hf_config import LabConfig

@@ -164,9 +164,9 @@ def _train(args: argparse.Namespace) -> int:
 def _lab(args: argparse.Namespace) -> int:
     if args.task is not None or args.tasks is not None or args.seeds is not None:
         return _task_lab(args)
-    from posleak.lab.variants import LabRun
     from posleak.lab.plan import run_plan
     from posleak.lab.trial import EvalConfig
+    from posleak.lab.variants import LabRun
 
     config = _checked(
         args,

@@ -33,11 +33,11 @@ from matplotlib.figure import Figure
 from scipy import stats
 
 from posleak.errors import BadInput
-from posleak.lab.variants import LabRun, lab_table, variant_problems
 from posleak.lab.plan import LabPlan
 from posleak.lab.tasks import TASKS, parse_tasks
 from posleak.lab.trainer import TrainConfig
 from posleak.lab.trial import EvalConfig
+from posleak.lab.variants import LabRun, lab_table, variant_problems
 from posleak.models.lab.config import TASK_SEEDS, TASK_VARIANTS
 from posleak.report.html import FigureBlock, Section, TableBlock
 from posleak.store import RunFolder, atomic_write
