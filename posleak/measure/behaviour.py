@@ -25,8 +25,6 @@ from transformers import PreTrainedModel
 
 from posleak.measure.bootstrap import percentile_interval, resample_weights
 
-TOKEN_COLUMNS = ("seq", "pos", "target", "nll", "correct")
-BUCKETS = ("first", "early", "middle", "late", "all")
 FIRST_TOKENS = 4  # queries 0..3: the predictions made with almost no context, where position 0 weighs most
 MEASURES = ("loss", "accuracy")
 # The output layer's logits are formed a block of (rows × words) at a time, 4M float32 (16 MB): small enough
