@@ -1,0 +1,335 @@
+"""Cost of posleak's measurement at the scale of 7B–70B checkpoints: one synthetic layer of each named shape.
+
+For each shape (the attention of a real checkpoint: heads H, KV heads, head dim D, layers L, sliding window),
+length T and number of sequences N: random q (N, H, T, D) and k (N, KV, T, D) in float32 on the device (a
+fixed seed, one per row), the exact log Z_i (log-sum-exp over query i's valid keys, in float64 on the device),
+and `measure_layer` with `MeasureSpec(seq_len=T, num_seqs=N, table_grid=Grid(T, "coarse"))` (plus `beyond=W`
+for a windowed shape), timed once after one untimed warm-up of both ways of summing at a small size (T = 256,
+N = 2: thread pools, FFT plans and kernel choices are one-time costs). `measure_layer` is handed the capture
+on the device that made it, as the in-forward path would hand it (issue 24, items 2 and 3): on a GPU that
+needs a posleak whose measurement runs on the device. N ≥ 2 (the noise correction compares two halves).
+
+Printed per row: seconds per layer; the achieved float64 GFLOP/s, the operation count below over those seconds,
+against the device's peak, measured on the spot as the best of a few float64 n × n matmuls on that device
+(n = 2048 on the CPU, 8192 elsewhere, 2n³ operations each); peak memory above the resident capture (on CUDA
+`torch.cuda.max_memory_allocated`, on the CPU the kernel's high-water mark, as bench_analyze.py measures it);
+and projected times: one whole-model analysis = seconds per layer × L, and `posleak paper --quick` at that
+scale = 26 × L × seconds per layer. `paper --quick` runs 13 analyses per sample on two samples
+(posleak/experiments/paper/: per sample the standard model and it under NTK ×4 and ×16, the large-base model,
+the sliding one, the BOS baseline and its three replacements, the joint sink ablation, two control ablations
+and the position-0 patch); the projection assumes every one of them is a model of this shape at this T and N
+and counts only the measurement (not the forwards, the lab's six small models or the report).
+
+Operation count (multiply-adds count 2, as in the peak's matmul). `measure_layer` takes the path that
+posleak.measure.layer_sums.choose_path takes: materialised for T ≤ 2·N·D, else bilinear. With W = min(T,
+window), b = 128 positions per Gram block, A = ⌈T / b⌉ blocks, c = the grid's linear bins (64):
+  bilinear (posleak/measure/bilinear.py), the O(T·(N·D)²) Gram products and the O(T log T) column sums:
+    full Gram blocks   (H + KV)·(A − 1)·b·N(N + 1)·D²: the Q_i Q_iᵀ of every query block after the first (per
+                       head) and the K_j K_jᵀ of every key block before the last (per KV head), over the pairs
+                       of sequences n ≤ n' (N(N + 1)/2 blocks of D × D); none under a window W < 2b; their inner
+                       products add 1/b of that and are left out;
+    partial Gram blocks 2N(D + N)·H·b²·Σ_δ (A − δ): the logits of the diagonal blocks (δ = 0) and, under a
+                       window, of the blocks at its edge, and each block's N × N Gram;
+    column sums, FFT   per pass 2.5·L·log2(L)·N·(D·(H + KV) + H) + 8·N·H·D·(T + 1), L = 2T: a real FFT of every
+                       dimension of q and k (2.5·L·log2 L each, the usual count), the spectra's products summed
+                       over D, one inverse per head and sequence; one pass for all queries and one per other
+                       segment that column_sums sums by FFT (its rule);
+    column sums, direct 2·N·H·D·Σ (hi − lo)·hi: the logits of the short segments it sums directly;
+    rows and sink score 6·H·T·N·D: q_i against the sums of k and of j·k over its keys, and against key 0;
+    tables             2·H·N·D·(T·(2c − 1) + Σ_e (T − e')): q against 2c − 1 keys per row of the near offsets'
+                       blocks, and q_i against the prefix sum at each far edge e that row i reaches (e' = min(e,
+                       W) − 1);
+  materialised (layer_sums._materialised), per block of r query rows (N·H·r·W ≤ 2²¹ logits, r ≤ 64) ending at
+  q1: logits 2·N·H·D·r·(r + min(q1, W) − 1) and Gram 2·N²·H·r·min(q1, W).
+Every term but the FFTs and the rows' products is a matrix product whose count tests/test_benchmarks.py checks
+against torch's own FlopCounterMode. The elementwise passes (prefix sums, masks, casts, binning) are not
+counted: they are bound by memory, not arithmetic, so the GFLOP/s is the rate of the arithmetic above, a lower
+bound of the work done.
+
+    python benchmarks/bench_scale.py                                    # every shape × T = 2048, 4096, 8192 × N = 8, 16
+    python benchmarks/bench_scale.py --shapes llama-3.1-8b mistral-7b-v0.1 --lengths 2048 --num-seqs 8
+    python benchmarks/bench_scale.py --device cuda --json scale.json    # the rows also as JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_analyze's memory meter, also when imported
+
+from bench_analyze import PeakMemory
+
+from posleak.capture.masks import MaskSpec
+from posleak.capture.store import CallFacts, LayerCapture
+from posleak.device import Placement
+from posleak.measure import Grid, MeasureSpec, measure_layer, segment_boundaries
+from posleak.measure.layer_sums import choose_path
+
+PAPER_QUICK_ANALYSES = 26  # 13 per sample × 2 samples (module docstring)
+_GRAM_BLOCK = 128  # positions per Gram block of the bilinear path (bilinear._GRAM_BLOCK_WIDTH for D = 128)
+_BLOCK_ELEMENTS = 1 << 21  # float64 logits per block of the materialised path (layer_sums._BLOCK_ELEMENTS)
+_LOG_Z_ROWS = 256  # query rows per block of the exact log Z: N·H·256·T float64 logits at a time
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The attention of one layer of a named checkpoint (its config.json), and its number of layers."""
+
+    name: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+    layers: int
+    window: int | None = None  # sliding window W of every layer
+
+
+SHAPES = {
+    "llama-3.1-8b": Shape("Llama-3.1-8B", 32, 8, 128, 32),
+    "mistral-7b-v0.1": Shape("Mistral-7B-v0.1", 32, 8, 128, 32, window=4096),
+    "qwen2.5-7b": Shape("Qwen2.5-7B", 28, 4, 128, 28),
+    "llama-3.1-70b": Shape("Llama-3.1-70B", 64, 8, 128, 80),
+}
+
+
+def float64_or_32(device: torch.device) -> torch.dtype:
+    """float64 where the device has it (MPS has none)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def exact_log_z(query: torch.Tensor, keys: torch.Tensor, scaling: float, window: int | None) -> torch.Tensor:
+    """log Z_i = log Σ_{j valid} exp(scaling · q_i·k_j) of queries (N, H, T, D) against keys (N, KV, T, D) (each
+    KV head serves H / KV query heads), (N, H, T) float32, on their device: float64 logits a block of query rows
+    at a time, so no N × H × T × T tensor exists at once."""
+    num_seqs, heads, seq_len, dim = query.shape
+    kv = keys.shape[1]
+    wide = float64_or_32(query.device)
+    grouped = query.view(num_seqs, kv, heads // kv, seq_len, dim)
+    keys_t = keys.to(wide).mT  # (N, KV, D, T)
+    mask, j = MaskSpec(window=window), torch.arange(seq_len, device=query.device)
+    out = torch.empty(num_seqs, kv, heads // kv, seq_len, dtype=torch.float32, device=query.device)
+    for i0 in range(0, seq_len, _LOG_Z_ROWS):
+        i1 = min(seq_len, i0 + _LOG_Z_ROWS)
+        logits = (grouped[..., i0:i1, :].to(wide) @ keys_t[:, :, None]) * scaling  # (N, KV, G, rows, T)
+        valid = mask.valid(torch.arange(i0, i1, device=query.device)[:, None], j[None, :])
+        out[..., i0:i1] = logits.masked_fill_(~valid, -math.inf).logsumexp(-1).float()
+    return out.view(num_seqs, heads, seq_len)
+
+
+def synthetic_layer(shape: Shape, seq_len: int, num_seqs: int, device: torch.device, seed: int) -> LayerCapture:
+    """One layer's capture of that shape: standard normal q and k (logits of unit variance at 1/√D), exact log Z."""
+    generator = torch.Generator(device).manual_seed(seed)
+    kwargs = {"generator": generator, "device": device, "dtype": torch.float32}
+    query = torch.randn(num_seqs, shape.heads, seq_len, shape.head_dim, **kwargs)
+    keys = torch.randn(num_seqs, shape.kv_heads, seq_len, shape.head_dim, **kwargs)
+    scaling = shape.head_dim**-0.5
+    facts = CallFacts(scaling, None, causal=True, window=shape.window, prefix=0, norm="softmax", sink=None)
+    return LayerCapture(0, facts, query, keys, exact_log_z(query, keys, scaling, shape.window))
+
+
+def measure_spec(shape: Shape, seq_len: int, num_seqs: int, path: str = "auto") -> MeasureSpec:
+    grid = Grid(seq_len, "coarse")
+    return MeasureSpec(seq_len=seq_len, num_seqs=num_seqs, table_grid=grid, path=path, beyond=shape.window)  # type: ignore[arg-type]
+
+
+def operation_count(shape: Shape, spec: MeasureSpec, path: str) -> dict[str, float]:
+    """The float64 operations of `measure_layer` on that layer by term (module docstring)."""
+    heads, dim, seq_len, n = shape.heads, shape.head_dim, spec.seq_len, spec.num_seqs
+    span = min(seq_len, shape.window or seq_len)
+    if path == "materialised":
+        rows = max(1, min(64, _BLOCK_ELEMENTS // (n * heads * span)))
+        starts = torch.arange(0, seq_len, rows, dtype=torch.float64)
+        height = torch.clamp(seq_len - starts, max=rows)
+        width = torch.clamp(starts + height, max=span)  # offsets < min(q1, W) of each block
+        logits = 2 * n * heads * dim * float((height * (height + width - 1)).sum())
+        return {"logits": logits, "Gram": 2 * n * n * heads * float((height * width).sum())}
+    block, window = _GRAM_BLOCK, shape.window
+    blocks = -(-seq_len // block)
+    whole = blocks if window is None else window // block  # as in bilinear.gram: key blocks wholly valid
+    full = (shape.heads + shape.kv_heads) * (blocks - 1) * block * n * (n + 1) * dim**2 if whole >= 2 else 0
+    near = [0] if window is None else [0, *range(max(whole, 1), (window + block - 2) // block + 1)]
+    partial = 2 * n * (dim + n) * heads * block**2 * sum(max(blocks - delta, 0) for delta in near)
+    passes, direct = _column_work(spec, span)
+    length = 2 * seq_len
+    per_pass = 2.5 * length * math.log2(length) * n * (dim * (heads + shape.kv_heads) + heads)
+    per_pass += 8 * n * heads * dim * (seq_len + 1)
+    grid = spec.table_grid
+    linear = min(grid.linear_bins, span)
+    far_shifts = torch.clamp(torch.tensor(grid.edges[linear:]), max=span) - 1  # row i reaches shifts ≤ i
+    far = float(torch.clamp(seq_len - far_shifts, min=0).sum())
+    return {
+        "full Gram blocks": full,
+        "partial Gram blocks": partial,
+        "column sums, FFT": per_pass * passes,
+        "column sums, direct": 2 * n * heads * dim * direct,
+        "rows and sink score": 2 * heads * n * dim * seq_len * 3,
+        "tables": 2 * heads * n * dim * (seq_len * (2 * linear - 1) + far),
+    }
+
+
+def _column_work(spec: MeasureSpec, span: int) -> tuple[int, int]:
+    """The FFT passes of bilinear.column_sums (one for all queries, one for each other segment whose direct sum
+    costs more than four transforms: its rule) and the logits Σ (hi − lo)·hi of the segments it sums directly."""
+    bounds = segment_boundaries(spec.seq_len, spec.ranges)
+    segments = list(itertools.pairwise(bounds))
+    largest = max(segments, key=lambda s: s[1] - s[0])
+    length = 2 * spec.seq_len
+    fft_cost = length * math.ceil(math.log2(length))
+    passes, direct = 1, 0
+    for lo, hi in segments:
+        if (lo, hi) != largest and (hi - lo) * min(hi, span) > 4 * fft_cost:
+            passes += 1
+        elif (lo, hi) != largest:
+            direct += (hi - lo) * hi
+    return passes, direct
+
+
+def peak_gflops(device: torch.device) -> float:
+    """The device's float64 matmul rate, measured now: the best of n × n products (2n³ operations each) over
+    at least a second, after one untimed product."""
+    size = 2048 if device.type == "cpu" else 8192
+    a = torch.randn(size, size, dtype=float64_or_32(device), device=device)
+    best, spent = 0.0, 0.0
+    (a @ a).sum().item()
+    while spent < 1.0:
+        start = time.perf_counter()
+        (a @ a).sum().item()  # .item() waits for the device
+        elapsed = time.perf_counter() - start
+        best, spent = max(best, 2 * size**3 / elapsed / 1e9), spent + elapsed
+    return best
+
+
+def timed_measure(capture: LayerCapture, spec: MeasureSpec) -> tuple[float, float]:
+    """Seconds of `measure_layer` and the peak memory it adds above the resident capture, MB."""
+    device = capture.query.device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        resident = torch.cuda.memory_allocated(device)
+    with PeakMemory() as host:
+        start = time.perf_counter()
+        measure_layer(capture, spec)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - start
+    if device.type == "cuda":
+        return seconds, (torch.cuda.max_memory_allocated(device) - resident) / 2**20
+    return seconds, host.added_mb
+
+
+def bench_row(key: str, seq_len: int, num_seqs: int, device: torch.device, peak: float, seed: int) -> dict:
+    """One row of the table: the layer built, measured once, its rate and the projections."""
+    shape = SHAPES[key]
+    capture = synthetic_layer(shape, seq_len, num_seqs, device, seed)
+    spec = measure_spec(shape, seq_len, num_seqs)
+    path = choose_path(capture, spec.path)
+    seconds, memory = timed_measure(capture, spec)
+    operations = operation_count(shape, spec, path)
+    gflops = sum(operations.values()) / seconds / 1e9
+    capture_mb = sum(t.numel() * t.element_size() for t in (capture.query, capture.keys, capture.log_z)) / 2**20
+    return {
+        "shape": shape.name,
+        **asdict(shape),
+        "T": seq_len,
+        "N": num_seqs,
+        "device": str(device),
+        "path": path,
+        "seconds_per_layer": seconds,
+        "gflop": {name: value / 1e9 for name, value in operations.items()},
+        "gflops": gflops,
+        "peak_gflops": peak,
+        "of_peak": gflops / peak,
+        "capture_mb": capture_mb,
+        "peak_mb_above_capture": memory,
+        "model_s": seconds * shape.layers,
+        "paper_quick_s": seconds * shape.layers * PAPER_QUICK_ANALYSES,
+        "log_z_max": float(capture.log_z.max()),
+    }
+
+
+def warm_up(key: str, device: torch.device) -> None:
+    """Both ways of summing once at T = 256, N = 2, untimed."""
+    capture = synthetic_layer(SHAPES[key], 256, 2, device, seed=0)
+    for path in ("materialised", "bilinear"):
+        measure_layer(capture, measure_spec(SHAPES[key], 256, 2, path))
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, {torch.get_num_threads()} threads"
+    return device.type
+
+
+def _hours(seconds: float) -> str:
+    return (
+        f"{seconds:.0f} s"
+        if seconds < 120
+        else f"{seconds / 60:.1f} min"
+        if seconds < 7200
+        else f"{seconds / 3600:.1f} h"
+    )
+
+
+def print_table(rows: list[dict]) -> None:
+    print(
+        "\nshape            T     N   path          s/layer  GFLOP  GFLOP/s  of peak  capture MB  peak MB  "
+        "model (× layers)  paper --quick (× 26)"
+    )
+    for row in rows:
+        print(
+            f"{row['shape']:<16} {row['T']:<5} {row['N']:<3} {row['path']:<13} {row['seconds_per_layer']:>7.2f}  "
+            f"{sum(row['gflop'].values()):>5.0f}  {row['gflops']:>7.1f}  {row['of_peak']:>7.0%}  "
+            f"{row['capture_mb']:>10.0f}  {row['peak_mb_above_capture']:>7.0f}  "
+            f"{_hours(row['model_s']):>16}  {_hours(row['paper_quick_s']):>20}"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192])
+    parser.add_argument("--num-seqs", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--device", default="auto", help="auto (CUDA, else MPS, else the CPU), cpu, cuda or mps")
+    parser.add_argument("--json", type=Path, help="also write the rows to this file")
+    args = parser.parse_args(argv)
+    problems = Placement(device=args.device).problems()
+    problems += [f"--lengths {t}: a length must be ≥ 2" for t in args.lengths if t < 2]
+    problems += [f"--num-seqs {n}: the measurement's noise correction needs N ≥ 2" for n in args.num_seqs if n < 2]
+    if args.json is not None and args.json.is_dir():
+        problems.append(f"--json {args.json} is a folder")
+    for problem in problems:
+        print(f"bench_scale: error: {problem}", file=sys.stderr)
+    if problems:
+        sys.exit(2)
+
+    device = Placement(device=args.device).torch_device()
+    peak = peak_gflops(device)
+    print(f"device {device} ({device_name(device)}), torch {torch.__version__}", flush=True)
+    print(f"peak: {peak:.1f} GFLOP/s, the best float64 n × n matmul measured on it just now", flush=True)
+    warm_up(args.shapes[0], device)
+    rows = []
+    for key in args.shapes:
+        for seq_len in sorted(args.lengths):
+            for num_seqs in sorted(args.num_seqs):
+                row = bench_row(key, seq_len, num_seqs, device, peak, seed=len(rows))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    print_table(rows)
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
