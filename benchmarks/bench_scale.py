@@ -49,6 +49,8 @@ bound of the work done.
     python benchmarks/bench_scale.py                                    # every shape × T = 2048, 4096, 8192 × N = 8, 16
     python benchmarks/bench_scale.py --shapes llama-3.1-8b mistral-7b-v0.1 --lengths 2048 --num-seqs 8
     python benchmarks/bench_scale.py --device cuda --json scale.json    # the rows also as JSON
+    python benchmarks/bench_scale.py --project-from scale.json          # rows not in scale.json projected from it:
+                                    # their operation count at the GFLOP/s of a measured row of the same path
 """
 
 from __future__ import annotations
@@ -130,12 +132,17 @@ def synthetic_layer(shape: Shape, seq_len: int, num_seqs: int, device: torch.dev
     kwargs = {"generator": generator, "device": device, "dtype": torch.float32}
     query = torch.randn(num_seqs, shape.heads, seq_len, shape.head_dim, **kwargs)
     keys = torch.randn(num_seqs, shape.kv_heads, seq_len, shape.head_dim, **kwargs)
-    scaling = shape.head_dim**-0.5
-    facts = CallFacts(scaling, None, causal=True, window=shape.window, prefix=0, norm="softmax", sink=None)
-    return LayerCapture(0, facts, query, keys, exact_log_z(query, keys, scaling, shape.window))
+    facts = synthetic_facts(shape)
+    return LayerCapture(0, facts, query, keys, exact_log_z(query, keys, facts.scaling, shape.window))
+
+
+def synthetic_facts(shape: Shape) -> CallFacts:
+    """Softmax attention at 1/√D under a causal mask with the shape's window, no soft-cap, no sink."""
+    return CallFacts(shape.head_dim**-0.5, None, causal=True, window=shape.window, prefix=0, norm="softmax", sink=None)
 
 
 def measure_spec(shape: Shape, seq_len: int, num_seqs: int, path: str = "auto") -> MeasureSpec:
+    """What `analyze` would measure at T and N: the coarse table grid, and range "beyond" under a window."""
     grid = Grid(seq_len, "coarse")
     return MeasureSpec(seq_len=seq_len, num_seqs=num_seqs, table_grid=grid, path=path, beyond=shape.window)  # type: ignore[arg-type]
 
@@ -226,32 +233,62 @@ def timed_measure(capture: LayerCapture, spec: MeasureSpec) -> tuple[float, floa
 
 
 def bench_row(key: str, seq_len: int, num_seqs: int, device: torch.device, peak: float, seed: int) -> dict:
-    """One row of the table: the layer built, measured once, its rate and the projections."""
+    """One measured row of the table: the layer built, measured once, its rate and the projections."""
     shape = SHAPES[key]
     capture = synthetic_layer(shape, seq_len, num_seqs, device, seed)
     spec = measure_spec(shape, seq_len, num_seqs)
     path = choose_path(capture, spec.path)
     seconds, memory = timed_measure(capture, spec)
     operations = operation_count(shape, spec, path)
+    row = _row(shape, spec, path, operations, seconds, peak, "measured")
+    return row | {"device": str(device), "peak_mib_above_capture": memory, "log_z_max": float(capture.log_z.max())}
+
+
+def projected_row(key: str, seq_len: int, num_seqs: int, measured: list[dict]) -> dict:
+    """A row not measured: its operation count at the float64 rate of a measured row that took the same path,
+    of the same shape where there is one (the rate of a path depends on its block sizes, not on T)."""
+    shape = SHAPES[key]
+    spec = measure_spec(shape, seq_len, num_seqs)
+    meta = {"device": "meta", "dtype": torch.float32}  # shapes only: which path the measurement would take
+    capture = LayerCapture(
+        0,
+        synthetic_facts(shape),
+        torch.empty(num_seqs, shape.heads, seq_len, shape.head_dim, **meta),
+        torch.empty(num_seqs, shape.kv_heads, seq_len, shape.head_dim, **meta),
+        torch.empty(num_seqs, shape.heads, seq_len, **meta),
+    )
+    path = choose_path(capture, spec.path)
+    same_path = [row for row in measured if row["path"] == path and row["source"] == "measured"]
+    if not same_path:
+        raise ValueError(f"no measured row took the {path} path: measure one first")
+    source = max(same_path, key=lambda row: (row["name"] == shape.name, row["T"], row["N"]))
+    operations = operation_count(shape, spec, path)
+    seconds = sum(operations.values()) / (source["gflops"] * 1e9)
+    label = f"projected from {source['name']} T = {source['T']}, N = {source['N']}"
+    return _row(shape, spec, path, operations, seconds, source["peak_gflops"], label) | {"device": source["device"]}
+
+
+def _row(
+    shape: Shape, spec: MeasureSpec, path: str, operations: dict[str, float], seconds: float, peak: float, source: str
+) -> dict:
+    """The figures of a row, measured or projected: rate, capture size, projections."""
     gflops = sum(operations.values()) / seconds / 1e9
-    capture_mb = sum(t.numel() * t.element_size() for t in (capture.query, capture.keys, capture.log_z)) / 2**20
+    capture_bytes = 4 * spec.num_seqs * spec.seq_len * (shape.heads * shape.head_dim + shape.kv_heads * shape.head_dim)
     return {
-        "shape": shape.name,
         **asdict(shape),
-        "T": seq_len,
-        "N": num_seqs,
-        "device": str(device),
+        "T": spec.seq_len,
+        "N": spec.num_seqs,
         "path": path,
+        "source": source,
         "seconds_per_layer": seconds,
         "gflop": {name: value / 1e9 for name, value in operations.items()},
         "gflops": gflops,
         "peak_gflops": peak,
         "of_peak": gflops / peak,
-        "capture_mb": capture_mb,
-        "peak_mb_above_capture": memory,
+        "capture_mib": (capture_bytes + 4 * spec.num_seqs * spec.seq_len * shape.heads) / 2**20,  # q, k, log Z
+        "peak_mib_above_capture": None,
         "model_s": seconds * shape.layers,
         "paper_quick_s": seconds * shape.layers * PAPER_QUICK_ANALYSES,
-        "log_z_max": float(capture.log_z.max()),
     }
 
 
@@ -263,6 +300,7 @@ def warm_up(key: str, device: torch.device) -> None:
 
 
 def device_name(device: torch.device) -> str:
+    """What the device is: the GPU's name, or the CPU's model (/proc/cpuinfo) and torch's thread count."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     if device.type == "cpu":
@@ -273,6 +311,7 @@ def device_name(device: torch.device) -> str:
 
 
 def _hours(seconds: float) -> str:
+    """Seconds, minutes or hours, whichever reads best."""
     return (
         f"{seconds:.0f} s"
         if seconds < 120
@@ -284,16 +323,29 @@ def _hours(seconds: float) -> str:
 
 def print_table(rows: list[dict]) -> None:
     print(
-        "\nshape            T     N   path          s/layer  GFLOP  GFLOP/s  of peak  capture MB  peak MB  "
-        "model (× layers)  paper --quick (× 26)"
+        "\nshape            T     N   path          s/layer  GFLOP  GFLOP/s  of peak  capture MiB  peak MiB  "
+        "model (× layers)  paper --quick (× 26)  source"
     )
     for row in rows:
+        memory = row["peak_mib_above_capture"]
         print(
-            f"{row['shape']:<16} {row['T']:<5} {row['N']:<3} {row['path']:<13} {row['seconds_per_layer']:>7.2f}  "
+            f"{row['name']:<16} {row['T']:<5} {row['N']:<3} {row['path']:<13} {row['seconds_per_layer']:>7.2f}  "
             f"{sum(row['gflop'].values()):>5.0f}  {row['gflops']:>7.1f}  {row['of_peak']:>7.0%}  "
-            f"{row['capture_mb']:>10.0f}  {row['peak_mb_above_capture']:>7.0f}  "
-            f"{_hours(row['model_s']):>16}  {_hours(row['paper_quick_s']):>20}"
+            f"{row['capture_mib']:>11.0f}  {'–' if memory is None else f'{memory:.0f}':>8}  "
+            f"{_hours(row['model_s']):>16}  {_hours(row['paper_quick_s']):>20}  {row['source']}"
         )
+
+
+def _problems(args: argparse.Namespace) -> list[str]:
+    """Every problem of the options, one line each, before any work."""
+    problems = Placement(device=args.device).problems()
+    problems += [f"--lengths {t}: a length must be ≥ 2" for t in args.lengths if t < 2]
+    problems += [f"--num-seqs {n}: the measurement's noise correction needs N ≥ 2" for n in args.num_seqs if n < 2]
+    if args.json is not None and (args.json.is_dir() or not args.json.parent.is_dir()):
+        problems.append(f"--json {args.json}: not a file in an existing folder")
+    if args.project_from is not None and not args.project_from.is_file():
+        problems.append(f"--project-from {args.project_from}: no such file (write one with --json)")
+    return problems
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -303,32 +355,40 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-seqs", type=int, nargs="+", default=[8, 16])
     parser.add_argument("--device", default="auto", help="auto (CUDA, else MPS, else the CPU), cpu, cuda or mps")
     parser.add_argument("--json", type=Path, help="also write the rows to this file")
+    parser.add_argument(
+        "--project-from",
+        type=Path,
+        metavar="JSON",
+        help="measure nothing: the rows of JSON (from --json) that were asked for, the others projected from them",
+    )
     args = parser.parse_args(argv)
-    problems = Placement(device=args.device).problems()
-    problems += [f"--lengths {t}: a length must be ≥ 2" for t in args.lengths if t < 2]
-    problems += [f"--num-seqs {n}: the measurement's noise correction needs N ≥ 2" for n in args.num_seqs if n < 2]
-    if args.json is not None and args.json.is_dir():
-        problems.append(f"--json {args.json} is a folder")
-    for problem in problems:
+    for problem in (problems := _problems(args)):
         print(f"bench_scale: error: {problem}", file=sys.stderr)
     if problems:
         sys.exit(2)
-
-    device = Placement(device=args.device).torch_device()
-    peak = peak_gflops(device)
-    print(f"device {device} ({device_name(device)}), torch {torch.__version__}", flush=True)
-    print(f"peak: {peak:.1f} GFLOP/s, the best float64 n × n matmul measured on it just now", flush=True)
-    warm_up(args.shapes[0], device)
-    rows = []
-    for key in args.shapes:
-        for seq_len in sorted(args.lengths):
-            for num_seqs in sorted(args.num_seqs):
-                row = bench_row(key, seq_len, num_seqs, device, peak, seed=len(rows))
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+    wanted = [(key, t, n) for key in args.shapes for t in sorted(args.lengths) for n in sorted(args.num_seqs)]
+    if args.project_from is not None:
+        measured = json.loads(args.project_from.read_text())
+        by_size = {(row["name"], row["T"], row["N"]): row for row in measured}
+        rows = [by_size.get((SHAPES[k].name, t, n)) or projected_row(k, t, n, measured) for k, t, n in wanted]
+    else:
+        rows = measured_rows(wanted, Placement(device=args.device).torch_device())
     print_table(rows)
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+def measured_rows(wanted: list[tuple[str, int, int]], device: torch.device) -> list[dict]:
+    """The device's peak, one warm-up, then each (shape, T, N) built and measured, printed as it comes."""
+    peak = peak_gflops(device)
+    print(f"device {device} ({device_name(device)}), torch {torch.__version__}", flush=True)
+    print(f"peak: {peak:.1f} GFLOP/s, the best float64 n × n matmul measured on it just now", flush=True)
+    warm_up(wanted[0][0], device)
+    rows = []
+    for key, seq_len, num_seqs in wanted:
+        rows.append(bench_row(key, seq_len, num_seqs, device, peak, seed=len(rows)))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -70,15 +70,26 @@ def test_bench_scale_prints_and_writes_rows(tmp_path: Path, capsys: pytest.Captu
     argv = ["--device", "cpu", "--shapes", "qwen2.5-7b", "--lengths", "128", "--num-seqs", "2", "--json", str(out)]
     bench_scale.main(argv)
     rows = json.loads(out.read_text())
-    assert [(row["shape"], row["T"], row["N"], row["path"]) for row in rows] == [("Qwen2.5-7B", 128, 2, "materialised")]
+    assert [(row["name"], row["T"], row["N"], row["path"]) for row in rows] == [("Qwen2.5-7B", 128, 2, "materialised")]
     row = rows[0]
+    assert row["source"] == "measured" and row["device"] == "cpu"
     assert row["seconds_per_layer"] > 0 and row["gflops"] > 0 and row["peak_gflops"] > 0
+    assert row["peak_mib_above_capture"] >= 0
+    assert row["capture_mib"] * 2**20 == 4 * 2 * 128 * (28 * 128 + 4 * 128 + 28)  # q, k and log Z in float32
     assert row["model_s"] == pytest.approx(28 * row["seconds_per_layer"])
     assert row["paper_quick_s"] == pytest.approx(26 * 28 * row["seconds_per_layer"])
-    printed = capsys.readouterr().out
-    assert "GFLOP/s" in printed and any(
-        line.startswith("Qwen2.5-7B       128   2   materialised") for line in printed.splitlines()
-    )
+    printed = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("Qwen2.5-7B       128   2   materialised") for line in printed)
+
+    # projected: the measured row as it was, an unmeasured length at the measured row's rate
+    projected = tmp_path / "projected.json"
+    sizes = ["--lengths", "128", "192", "--num-seqs", "2"]
+    bench_scale.main([*argv[:4], *sizes, "--project-from", str(out), "--json", str(projected)])
+    again, longer = json.loads(projected.read_text())
+    assert again == row
+    assert longer["source"] == "projected from Qwen2.5-7B T = 128, N = 2" and longer["peak_mib_above_capture"] is None
+    assert longer["gflops"] == pytest.approx(row["gflops"])
+    assert longer["seconds_per_layer"] > row["seconds_per_layer"]
 
 
 def test_bench_scale_refuses_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
