@@ -74,12 +74,12 @@ from posleak.capture.masks import MaskSpec
 from posleak.capture.store import CallFacts, LayerCapture
 from posleak.device import Placement
 from posleak.measure import Grid, MeasureSpec, measure_layer, segment_boundaries
-from posleak.measure.layer_sums import choose_path
+from posleak.measure.layer_sums import SumsPath, choose_path
 
 PAPER_QUICK_ANALYSES = 26  # 13 per sample × 2 samples (module docstring)
 _GRAM_BLOCK = 128  # positions per Gram block of the bilinear path (bilinear._GRAM_BLOCK_WIDTH for D = 128)
 _BLOCK_ELEMENTS = 1 << 21  # float64 logits per block of the materialised path (layer_sums._BLOCK_ELEMENTS)
-_LOG_Z_ROWS = 256  # query rows per block of the exact log Z: N·H·256·T float64 logits at a time
+_LOG_Z_ELEMENTS = 1 << 27  # float64 logits per block of query rows of the exact log Z: 1 GiB at a time
 
 
 @dataclass(frozen=True)
@@ -118,8 +118,9 @@ def exact_log_z(query: torch.Tensor, keys: torch.Tensor, scaling: float, window:
     keys_t = keys.to(wide).mT  # (N, KV, D, T)
     mask, j = MaskSpec(window=window), torch.arange(seq_len, device=query.device)
     out = torch.empty(num_seqs, kv, heads // kv, seq_len, dtype=torch.float32, device=query.device)
-    for i0 in range(0, seq_len, _LOG_Z_ROWS):
-        i1 = min(seq_len, i0 + _LOG_Z_ROWS)
+    rows = max(1, _LOG_Z_ELEMENTS // (num_seqs * heads * seq_len))
+    for i0 in range(0, seq_len, rows):
+        i1 = min(seq_len, i0 + rows)
         logits = (grouped[..., i0:i1, :].to(wide) @ keys_t[:, :, None]) * scaling  # (N, KV, G, rows, T)
         valid = mask.valid(torch.arange(i0, i1, device=query.device)[:, None], j[None, :])
         out[..., i0:i1] = logits.masked_fill_(~valid, -math.inf).logsumexp(-1).float()
@@ -141,10 +142,10 @@ def synthetic_facts(shape: Shape) -> CallFacts:
     return CallFacts(shape.head_dim**-0.5, None, causal=True, window=shape.window, prefix=0, norm="softmax", sink=None)
 
 
-def measure_spec(shape: Shape, seq_len: int, num_seqs: int, path: str = "auto") -> MeasureSpec:
+def measure_spec(shape: Shape, seq_len: int, num_seqs: int, path: SumsPath = "auto") -> MeasureSpec:
     """What `analyze` would measure at T and N: the coarse table grid, and range "beyond" under a window."""
     grid = Grid(seq_len, "coarse")
-    return MeasureSpec(seq_len=seq_len, num_seqs=num_seqs, table_grid=grid, path=path, beyond=shape.window)  # type: ignore[arg-type]
+    return MeasureSpec(seq_len=seq_len, num_seqs=num_seqs, table_grid=grid, path=path, beyond=shape.window)
 
 
 def operation_count(shape: Shape, spec: MeasureSpec, path: str) -> dict[str, float]:
