@@ -1,8 +1,10 @@
 """Running one analysis: forward passes with posleak's attention, capturing each layer's q, k and log Z
 (capture/store.py) and the position-0 residual states → one pass over each layer's logits that measures it
-(measure/decomposition.py) → the typed result, written to the run folder (pipeline/write.py). Every finished
-batch and every measured layer is kept in the run folder's `.partial/`, so an interrupted run, rerun with the
-same arguments, resumes where it stopped; one process at a time holds the folder.
+(measure/decomposition.py) → the typed result, written to the run folder (pipeline/write.py). When the
+captures fit the measure budget (AnalyzeConfig.measure_budget) they stay on the model's device and each layer
+is measured during the last batch's forward ("in-forward"); else every finished batch is kept on disk (or in
+CPU memory). Every measured layer is kept in the run folder's `.partial/`, so an interrupted run, rerun with
+the same arguments, resumes where it stopped; one process at a time holds the folder.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from posleak.capture import (
 from posleak.capture.query_stats import QueryStatsResult
 from posleak.capture.store import CallFacts, CaptureFolder, CaptureMemory, Captures, LayerCapture, QKRecorder
 from posleak.data.batches import TokenBatch, iter_batches
-from posleak.device import measure_budget, sums_device
+from posleak.device import CPU_BUDGET_BYTES, measure_budget, sums_device
 from posleak.errors import BadInput, PosleakError
 from posleak.measure import Decomposition, LayerResult, MeasureSpec, measure_layer
 from posleak.measure.behaviour import next_token_scores, token_table
@@ -40,8 +42,6 @@ from posleak.pipeline.result import AnalysisResult
 from posleak.pipeline.write import result_tables, run_manifest, write_run
 from posleak.store import COMPLETE, RunFolder
 
-# Without a run folder (nothing to resume), captures up to this size stay in memory instead of a temporary folder.
-MEMORY_CAPTURES_BYTES = 1 << 30
 # How the captures waited for the measurement, in the manifest: this, "memory" (the CPU's) or "folder".
 IN_FORWARD = "in-forward"
 # glibc's largest dynamic mmap threshold on 64-bit systems (DEFAULT_MMAP_THRESHOLD_MAX): see _freed_memory_kept
@@ -61,8 +61,9 @@ def analyze_model(
 ) -> AnalysisResult:
     """Analyse `batch` on `model` (already switched to posleak attention).
 
-    Two stages: forward passes that capture each layer's q, k and log Z (one file per batch, the run's
-    checkpoint), then one pass over each layer's logits that measures it (one checkpoint per layer).
+    Two stages: forward passes that capture each layer's q, k and log Z (on the device during the last
+    forward, or one file per batch, the run's checkpoint), then one pass over each layer's logits that
+    measures it (one checkpoint per layer).
     `loaded` supplies provenance for a checkpoint (its id and file hash); a lab model passes `model_id`.
     """
     tokenizer = loaded.tokenizer if loaded is not None else tokenizer
@@ -144,20 +145,19 @@ def _measure_spec(batch: TokenBatch, config: AnalyzeConfig, windows: list[int | 
 def _where_captures_wait(
     run: RunFolder | None, model: PreTrainedModel, batch: TokenBatch, config: AnalyzeConfig
 ) -> str:
-    """IN_FORWARD when the captures of every layer fit the measure budget of the model's device (and a run
-    folder holds no captured batches of an earlier try, which the captured path resumes from); else where
-    today's captures go: "folder" (the run folder's, or a temporary one) or "memory" (the CPU's)."""
+    """IN_FORWARD when the captures of every layer fit the measure budget of the model's device, unless the run
+    folder holds captured batches of an earlier try (the captured path resumes from them); else "folder" (the
+    run folder's, or a temporary one) or "memory" (the CPU's, without a run folder, up to CPU_BUDGET_BYTES)."""
     folder = run.partial_dir / "captures" if run is not None else None
     captured_before = folder is not None and folder.is_dir() and bool(CaptureFolder(folder).batches())
+    # a model spread over devices by a device map fills them: on the in-forward path only with a budget given
     spread = len({str(where) for where in (getattr(model, "hf_device_map", None) or {}).values()}) > 1
-    # a model spread by a device map fills its devices: on the in-forward path only with a budget given
-    auto = config.measure_budget == "auto"
-    budget = 0 if spread and auto else measure_budget(config.measure_budget, model.device, run_folder=run is not None)
-    if not captured_before and capture_bytes(model, batch) <= budget:
+    spec = config.measure_budget
+    budget = 0 if spread and spec == "auto" else measure_budget(spec, model.device, run_folder=run is not None)
+    size = capture_bytes(model, batch)
+    if not captured_before and size <= budget:
         return IN_FORWARD
-    if run is None and capture_bytes(model, batch) <= MEMORY_CAPTURES_BYTES:
-        return "memory"
-    return "folder"
+    return "memory" if run is None and size <= CPU_BUDGET_BYTES else "folder"
 
 
 @contextmanager
