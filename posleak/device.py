@@ -7,7 +7,9 @@ is checked where its size is known, in `posleak.models.load`, still before any w
 
 Precision (docs/method.md §4): the dtype changes what the model computes, its q, k and log Z; everything
 posleak measures from them is formed in float32 (logits, from the model's q and k, which half precision
-holds exactly in float32) and summed in float64 on the CPU, whatever the dtype and the device.
+holds exactly in float32) and summed in float64, whatever the dtype: on the device that holds q and k where it
+has float64 (the CPU, CUDA), else on the CPU (`sums_device`). `measure_budget` says how many bytes of captures
+may stay on that device, so that each layer is measured during the last forward (`--measure-budget`).
 
 This module imports torch only inside the functions that need it, so the command line can offer the
 choices without it.
@@ -98,22 +100,75 @@ class Placement:
         for part in self.max_memory.split(","):
             name, _, size = part.strip().partition("=")
             key: int | str | None = name if name == "cpu" else int(name) if name.isdigit() else None
-            number = size.strip().upper()
-            unit = next((u for u in sorted(_UNITS, key=len, reverse=True) if number.endswith(u)), None)
-            try:
-                amount = float(number[: -len(unit)]) if unit else float("nan")
-            except ValueError:
-                amount = float("nan")
-            if key is None or unit is None or not amount > 0:
+            amount = parse_size(size)
+            if key is None or amount is None:
                 raise ValueError(
                     f"--max-memory {self.max_memory!r}: {part.strip()!r} is not DEVICE=SIZE; use e.g. "
                     "cpu=8GiB,0=20GiB (DEVICE: cpu or a CUDA index; SIZE with B, KB, MB, GB, KiB, MiB or GiB)"
                 )
-            limits[key] = int(amount * _UNITS[unit])
+            limits[key] = amount
         return limits
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def parse_size(text: str) -> int | None:
+    """A size with its unit ("20GiB", "512 MB", "1024B") in bytes; None when it is not one or not above 0."""
+    number = text.strip().upper()
+    unit = next((u for u in sorted(_UNITS, key=len, reverse=True) if number.endswith(u)), None)
+    try:
+        amount = float(number[: -len(unit)]) if unit else float("nan")
+    except ValueError:
+        amount = float("nan")
+    return int(amount * _UNITS[unit]) if unit is not None and amount > 0 else None
+
+
+def sums_device(device: torch.device) -> torch.device:
+    """Where the float64 sums of q and k held on `device` are formed: there, where it has float64 (the CPU,
+    CUDA); on the CPU where it has none (MPS)."""
+    import torch
+
+    if device.type in ("cpu", "cuda"):
+        return device
+    try:
+        torch.zeros(1, dtype=torch.float64, device=device)
+    except (RuntimeError, TypeError):
+        return torch.device("cpu")
+    return device
+
+
+# Without --measure-budget, the share of the free CUDA memory that the captures may take on the in-forward path:
+# the rest is for the forward itself and the measurement's float64 temporaries.
+CUDA_BUDGET_SHARE = 0.5
+# Without --measure-budget and without a run folder, captures up to this size stay in CPU memory (as before the
+# in-forward path). With a run folder the CPU's captures go to disk: they are its checkpoints, and CPU forwards
+# are slow to redo after a kill.
+CPU_BUDGET_BYTES = 1 << 30
+
+
+def measure_budget(spec: str, device: torch.device, *, run_folder: bool) -> int:
+    """Bytes of captures that may stay on `device` (`spec`: "auto" or a size, `parse_size`): auto is
+    CUDA_BUDGET_SHARE of the free memory on CUDA, CPU_BUDGET_BYTES on the CPU without a run folder, else 0."""
+    import torch
+
+    if spec != "auto":
+        return _budget_bytes(spec) or 0
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0] * CUDA_BUDGET_SHARE)
+    return CPU_BUDGET_BYTES if device.type == "cpu" and not run_folder else 0
+
+
+def budget_problems(spec: str) -> list[str]:
+    """What is wrong with a --measure-budget value."""
+    if spec == "auto" or _budget_bytes(spec) is not None:
+        return []
+    return [f"--measure-budget {spec!r} is not a size; use auto, a number of bytes (0: always capture) or e.g. 8GiB"]
+
+
+def _budget_bytes(spec: str) -> int | None:
+    """A budget in bytes: a plain number (0 too) or a size with its unit."""
+    return int(spec.strip()) if spec.strip().isdigit() else parse_size(spec)
 
 
 def dtype_unsupported(dtype: str, device: torch.device) -> str | None:

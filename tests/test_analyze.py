@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +139,66 @@ def test_resuming_with_other_arguments_is_refused(tmp_path: Path) -> None:
     _tiny_run(tmp_path / "run")
     with pytest.raises(PosleakError, match="different run"):
         _tiny_run(tmp_path / "run", early=8)
+
+
+# ----------------------------------------------------------------------------------- the in-forward path
+
+IN_FORWARD = "1GiB"  # a measure budget the tiny model's captures fit: the in-forward path on the CPU
+
+
+@pytest.mark.parametrize("batch_size", [2, 6])
+def test_in_forward_path_gives_the_captured_paths_tables(tmp_path: Path, batch_size: int) -> None:
+    """Captures kept where q and k were made, each layer measured during the last forward (three batches of 2)
+    or right after it (one batch of 6): every table equals the captured path's (the run folder's captures, the
+    CPU's default with a run folder) and the in-memory path's, bit for bit, and the manifest says which path
+    ran and that the sums ran on the CPU, the device of the captured q."""
+    captured = _tiny_run(tmp_path / "captured", batch_size=batch_size)
+    in_forward = _tiny_run(tmp_path / "in-forward", batch_size=batch_size, measure_budget=IN_FORWARD)
+    in_memory = _tiny_run(None, batch_size=batch_size, measure_budget="0")
+    paths = [run.manifest["measurement"]["captures"] for run in (captured, in_forward, in_memory)]
+    assert paths == ["folder", "in-forward", "memory"]
+    assert {run.manifest["measurement"]["device"] for run in (captured, in_forward, in_memory)} == {"cpu"}
+    assert in_forward.manifest["measurement"]["beyond"] == 16  # every layer's window known before the first
+    for other in (in_forward, in_memory):
+        for name in AnalysisResult.TABLES:
+            pd.testing.assert_frame_equal(getattr(other, name), getattr(captured, name), check_exact=True)
+
+
+def test_interrupted_in_forward_run_redoes_the_forwards_and_keeps_the_measured_layers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interrupted in the last forward while measuring its second layer: the run folder holds the first layer's
+    measurement and no captures; the rerun redoes all three forwards, measures only the two layers left and
+    ends with the uninterrupted run's tables, bit for bit."""
+    whole = _tiny_run(tmp_path / "whole", measure_budget=IN_FORWARD)
+    counts: dict[str, int] = {}
+    monkeypatch.setattr(run_module, "measure_layer", _interrupting("measure", 1, counts))
+    with pytest.raises(KeyboardInterrupt):
+        _tiny_run(tmp_path / "run", measure_budget=IN_FORWARD)
+    partial = tmp_path / "run" / ".partial"
+    assert sorted(path.name for path in partial.iterdir()) == ["layer0.pt"]  # no captures, on disk or elsewhere
+    counts["measure"] = 0
+    monkeypatch.setattr(CaptureSession, "forward", _counting(CaptureSession.forward, counts))
+    resumed = _tiny_run(tmp_path / "run", measure_budget=IN_FORWARD)
+    assert counts == {"measure": 2, "forward": 3, "interrupted": 1}
+    assert resumed.manifest["measurement"]["captures"] == "in-forward"
+    for name in AnalysisResult.TABLES:
+        pd.testing.assert_frame_equal(getattr(resumed, name), getattr(whole, name), check_exact=True)
+
+
+def _counting(original: Callable[..., object], counts: dict[str, int]) -> Callable[..., object]:
+    def counted(*args: object, **kwargs: object) -> object:
+        counts["forward"] = counts.get("forward", 0) + 1
+        return original(*args, **kwargs)
+
+    return counted
+
+
+def test_bad_measure_budget_is_one_line(tmp_path: Path) -> None:
+    folder = tiny_checkpoint(tmp_path / "model")
+    out = tmp_path / "run"
+    assert_one_line_error(run_cli("analyze", str(folder), "--measure-budget", "lots", "--out", str(out)), "lots")
+    assert not out.exists()
 
 
 def test_window_override_is_recorded_in_the_tables(tmp_path: Path) -> None:

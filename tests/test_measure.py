@@ -10,6 +10,7 @@ and NaN-aware.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -46,7 +47,7 @@ from posleak.measure import (
     resample_weights,
 )
 from posleak.measure.components import _log_cumulative_sum_exp
-from posleak.measure.layer_sums import sum_layer
+from posleak.measure.layer_sums import segment_boundaries, sum_layer
 from posleak.measure.regression import DesignMoments, delta_r2, running_sums
 
 T = 3 * WINDOW
@@ -120,6 +121,56 @@ def test_both_ways_of_summing_match_brute_force(family: str, path: str, tmp_path
     per_layer = result.per_layer()
     errors = table_errors(
         result.per_head(), per_layer, result.profiles(), result.offset_map(), reference, EARLY, grid_edges(100)
+    )
+    assert_close(errors, TOLERANCE)
+
+
+@pytest.mark.parametrize("path", ["bilinear", "materialised"])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_sums_are_formed_on_the_device_of_the_captured_q(device: str, path: str, tmp_path: Path) -> None:
+    """Each layer's sums are formed where its captured q and k are: the float64 tensors they are made of live on
+    that device (LayerSums.device is read off them; on CUDA the device's own allocator shows them), the results
+    come back to the CPU, say where they were formed, and match the brute force. On CUDA every magnitude also
+    equals the CPU's (float64 both: 1e-10 relative)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        reason = f"no CUDA device here (torch {torch.__version__}): the CUDA variant of this test needs one"
+        print(f"skipped: {reason}")
+        pytest.skip(reason)
+    model = tiny_model("mistral")
+    captures, reference = _captured(model, _ids(model, 5, seq_len=100), tmp_path)
+    spec = MeasureSpec(100, 5, Grid(100), early=EARLY, resamples=0, path=path, beyond=model_window(reference))  # type: ignore[arg-type]
+    results = []
+    for layer in captures.layers():
+        on_host = captures.layer(layer)
+        capture = dataclasses.replace(
+            on_host, **{name: getattr(on_host, name).to(device) for name in ("query", "keys", "log_z")}
+        )
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        sums = sum_layer(capture, segment_boundaries(100, spec.ranges), spec.table_grid, path)
+        assert sums.device == str(capture.query.device) and sums.device.startswith(device)
+        assert {sums.rows.device.type, sums.gram.device.type, sums.table.device.type} == {"cpu"}
+        if device == "cuda":  # the float64 copies of q and k (8 bytes a number) were allocated on the GPU
+            assert torch.cuda.max_memory_allocated() - before >= 8 * capture.query.numel()
+            host = measure_layer(on_host, spec)
+        result = measure_layer(capture, spec)
+        assert result.device == sums.device
+        if device == "cuda":
+            for name in MAGNITUDES:
+                torch.testing.assert_close(result.point[name], host.point[name], rtol=1e-10, atol=1e-12, equal_nan=True)
+        results.append(result)
+    measured = Decomposition.of(results, spec)
+    assert measured.describe()["device"] == results[0].device
+    errors = table_errors(
+        measured.per_head(),
+        measured.per_layer(),
+        measured.profiles(),
+        measured.offset_map(),
+        reference,
+        EARLY,
+        grid_edges(100),
     )
     assert_close(errors, TOLERANCE)
 

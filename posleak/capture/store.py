@@ -1,4 +1,4 @@
-"""Captured queries and keys: what the decomposition needs of each attention call, kept on disk.
+"""Captured queries and keys: what the decomposition needs of each attention call, kept on disk or in memory.
 
 The magnitudes of docs/method.md are sums over single (query, offset) pairs of quantities averaged over
 sequences, so their squares need every pair of sequences at once (a Gram matrix of their logits). The
@@ -10,6 +10,9 @@ them up layer by layer after the last batch.
 (one file per batch and layer, then one that marks the batch done: the files are also the checkpoint of an
 interrupted run); `CaptureFolder.layer` reads one layer of every batch back in sequence order. Memory grows
 with T: one layer's tensors of one batch during the forwards, one layer of all sequences when measuring.
+`CaptureMemory` keeps the same records in memory: on the CPU, or (`on_host=False`) on the device where q and k
+were made, so that a layer can be measured there during the last batch's forward (`layer(..., in_flight=...)`)
+and then freed (`drop_layer`), with nothing copied to the host.
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ class QKRecorder:
         self.folder = folder
         self.batch: int | None = None
         self.facts: dict[int, CallFacts] = {}
+        self.skip: frozenset[int] = frozenset()  # layers whose captures are not needed (measured before a resume)
 
     def update(self, call: AttentionCall) -> None:
         if self.batch is None:
@@ -96,11 +100,13 @@ class QKRecorder:
         facts = CallFacts.of(call)
         if self.facts.setdefault(call.layer, facts) != facts:
             raise ValueError(f"layer {call.layer} changed its attention from {self.facts[call.layer]} to {facts}")
+        if call.layer in self.skip:
+            return
         log_z = torch.zeros_like(call.log_z) if call.norm == "sigmoid" else call.log_z
-        # float32 on the CPU, whatever the model's dtype and device: exact for half-precision q and k, and
-        # what the measurement (float64 on the CPU, docs/method.md §4) reads.
+        # float32 whatever the model's dtype: exact for half-precision q and k, and what the measurement
+        # (float64, docs/method.md §4) reads; on the CPU unless the captures stay where they were made.
         tensors = {
-            name: tensor.detach().to("cpu", torch.float32)
+            name: tensor.detach().to("cpu" if self.folder.on_host else tensor.device, torch.float32)
             for name, tensor in (("query", call.query), ("keys", call.distinct_keys), ("log_z", log_z))
         }
         self.folder.write_layer(self.batch, call.layer, tensors, facts)
@@ -110,6 +116,8 @@ class Captures(ABC):
     """Where the forwards leave each batch's captures: per batch, each layer's q, keys and log Z with the call's
     facts, then a closing record (sequence indices, extra tensors) that marks the batch done. Subclasses store
     them; reading them back per layer, in sequence order, is shared."""
+
+    on_host = True  # whether the recorder copies the tensors to the CPU before they are written here
 
     def has(self, batch: int) -> bool:
         return batch in self.batches()
@@ -134,6 +142,10 @@ class Captures(ABC):
     @abstractmethod
     def _closing(self, batch: int) -> dict[str, torch.Tensor]: ...
 
+    @abstractmethod
+    def drop_layer(self, layer: int) -> None:
+        """Free layer `layer` of every batch, measured: nothing reads it again."""
+
     def extra(self, name: str) -> list[torch.Tensor]:
         """The `extra` tensor `name` of every finished batch, in batch order."""
         return [self._closing(batch)[f"extra.{name}"] for batch in self.batches()]
@@ -142,18 +154,20 @@ class Captures(ABC):
         """How layer `layer` computed its attention (from the first finished batch)."""
         return self._layer_part(self.batches()[0], layer)[1]
 
-    def layer(self, layer: int) -> LayerCapture:
-        """Layer `layer` of every finished batch, rows ordered by sequence index."""
+    def layer(self, layer: int, in_flight: tuple[int, torch.Tensor] | None = None) -> LayerCapture:
+        """Layer `layer` of every finished batch, rows ordered by sequence index; `in_flight`: (batch, sequence
+        indices) of a batch whose forward has written this layer but is not finished, taken as well."""
         parts: dict[str, list[torch.Tensor]] = {"query": [], "keys": [], "log_z": [], "index": []}
         facts = None
-        for batch in self.batches():
+        batches = [(batch, self._closing(batch)["sequence_index"]) for batch in self.batches()]
+        for batch, index in [*batches, *([in_flight] if in_flight is not None else [])]:
             tensors, batch_facts = self._layer_part(batch, layer)
             if facts is not None and batch_facts != facts:
                 raise ValueError(f"layer {layer} computed differently in batch {batch}: {batch_facts} vs {facts}")
             facts = batch_facts
             for name in ("query", "keys", "log_z"):
                 parts[name].append(tensors[name])
-            parts["index"].append(self._closing(batch)["sequence_index"])
+            parts["index"].append(index)
         if facts is None:
             raise ValueError("no captured batches")
         order = torch.cat(parts["index"]).argsort()
@@ -200,6 +214,9 @@ class CaptureFolder(Captures):
     def _closing(self, batch: int) -> dict[str, torch.Tensor]:
         return load_file(self._done_path(batch))
 
+    def drop_layer(self, layer: int) -> None:
+        """Nothing: the files stay, the checkpoint of an interrupted run, until the run finishes."""
+
     def layers(self) -> list[int]:
         batches = self.batches()
         if not batches:
@@ -209,9 +226,11 @@ class CaptureFolder(Captures):
 
 
 class CaptureMemory(Captures):
-    """In memory, for a run without a folder to resume from: the same records, no disk."""
+    """In memory: the same records, no disk. `on_host=False` keeps them on the device where q and k were made
+    (the in-forward path of posleak.pipeline.run); a measured layer is freed with `drop_layer`."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_host: bool = True) -> None:
+        self.on_host = on_host
         self._layers: dict[int, dict[int, tuple[dict[str, torch.Tensor], CallFacts]]] = {}
         self._done: dict[int, dict[str, torch.Tensor]] = {}
 
@@ -235,7 +254,11 @@ class CaptureMemory(Captures):
 
     def layers(self) -> list[int]:
         batches = self.batches()
-        return sorted(self._layers[batches[0]]) if batches else []
+        return sorted(self._layers.get(batches[0], {})) if batches else []
+
+    def drop_layer(self, layer: int) -> None:
+        for kept in self._layers.values():
+            kept.pop(layer, None)
 
 
 def _facts(metadata: dict[str, str]) -> CallFacts:

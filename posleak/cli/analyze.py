@@ -93,6 +93,14 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="run folder (rerun with the same arguments to resume)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with the checkpoint")
     add_placement_options(parser, defaults=False)
+    parser.add_argument(
+        "--measure-budget",
+        default=unset,
+        metavar="BYTES|auto",
+        help="captures up to this size (e.g. 8GiB) stay on the model's device and each layer is measured there "
+        "during the last forward; beyond it they go to the run folder (auto: half the free CUDA memory; on the "
+        "CPU 0, its captures being the run's checkpoints)",
+    )
 
 
 def add_placement_options(parser: argparse.ArgumentParser, defaults: bool) -> None:

@@ -78,10 +78,10 @@ def row_sums(stacked: Stacked, window: int | None) -> tuple[torch.Tensor, torch.
     (several times faster than one pass over every row)."""
     stacked_q, stacked_k, num_seqs = stacked.wide_query, stacked.wide_keys, stacked.num_seqs
     kv, groups, seq_len, _ = stacked_q.shape
-    position = torch.arange(seq_len, dtype=torch.float64)
+    position = torch.arange(seq_len, dtype=torch.float64, device=stacked_q.device)
     over_keys = _over_valid_keys(stacked.key_prefix[:, 1:], window)  # (KV, T, N·D)
     over_positions = _over_valid_keys(inclusive_sums(stacked_k * position[:, None]), window)
-    rows = torch.empty(2, kv, groups, seq_len, num_seqs, dtype=torch.float64)
+    rows = torch.empty(2, kv, groups, seq_len, num_seqs, dtype=torch.float64, device=stacked_q.device)
     for i0 in range(0, seq_len, _ROWS):
         i1 = min(seq_len, i0 + _ROWS)
         part = stacked_q[:, :, i0:i1]
@@ -97,7 +97,7 @@ def logits_with_key(stacked: Stacked, key: int) -> torch.Tensor:
     temporaries stay in cache (4× faster than one pass)."""
     kv, groups, seq_len, num_seqs, _ = stacked.stacked_query.shape
     key_vectors = stacked.stacked_keys[:, None, None, key]  # (KV, 1, 1, N, D)
-    out = torch.empty(kv, groups, seq_len, num_seqs, dtype=torch.float64)
+    out = key_vectors.new_empty(kv, groups, seq_len, num_seqs)
     for i0 in range(0, seq_len, _ROWS):
         out[:, :, i0 : i0 + _ROWS] = (stacked.stacked_query[:, :, i0 : i0 + _ROWS] * key_vectors).sum(-1)
     return out.permute(3, 0, 1, 2).reshape(num_seqs, kv * groups, seq_len)
@@ -110,7 +110,7 @@ def column_sums(stacked: Stacked, boundaries: tuple[int, ...], span: int) -> tor
     query, keys = stacked.query, stacked.keys
     num_seqs, kv, groups, seq_len, _ = query.shape
     segments = len(boundaries) - 1
-    out = torch.zeros(segments, num_seqs, kv * groups, span, dtype=torch.float64)
+    out = keys.new_zeros(segments, num_seqs, kv * groups, span)
     sizes = [boundaries[s + 1] - boundaries[s] for s in range(segments)]
     largest = max(range(segments), key=sizes.__getitem__)
     length = 2 * seq_len
@@ -131,7 +131,7 @@ def _direct_columns(query: torch.Tensor, keys: torch.Tensor, lo: int, hi: int, s
     """Σ_{lo ≤ i < hi} s_{i,i−d}, (N, H, span), from the logits of those queries."""
     num_seqs, kv, groups, _, _ = query.shape
     logits = query[..., lo:hi, :] @ keys[:, :, None, :hi].mT  # (N, KV, G, hi − lo, hi): s_ij
-    out = torch.zeros(num_seqs, kv, groups, span, dtype=torch.float64)
+    out = logits.new_zeros(num_seqs, kv, groups, span)
     for i in range(lo, hi):
         d = min(i + 1, span)  # offsets 0..d−1 reach keys i..i−d+1
         out[..., :d] += logits[..., i - lo, i - d + 1 : i + 1].flip(-1)
@@ -147,9 +147,10 @@ def _fft_columns(stacked: Stacked, lo: int, hi: int, span: int) -> torch.Tensor:
     query, keys = stacked.captured_query, stacked.captured_keys  # (N, KV, G, T, D), (N, KV, T, D)
     num_seqs, kv, groups, seq_len, dim = query.shape
     length, chunk = 2 * seq_len, min(dim, _FFT_DIMS)
-    spectrum = torch.zeros(num_seqs, kv, groups, seq_len + 1, dtype=torch.complex128)
-    query_signal = torch.zeros(num_seqs, kv, groups, chunk, length, dtype=torch.float64)
-    keys_signal = torch.zeros(num_seqs, kv, chunk, length, dtype=torch.float64)
+    on = {"device": query.device}
+    spectrum = torch.zeros(num_seqs, kv, groups, seq_len + 1, dtype=torch.complex128, **on)
+    query_signal = torch.zeros(num_seqs, kv, groups, chunk, length, dtype=torch.float64, **on)
+    keys_signal = torch.zeros(num_seqs, kv, chunk, length, dtype=torch.float64, **on)
     for d0 in range(0, dim, chunk):
         width = min(dim, d0 + chunk) - d0
         keys_part, query_part = keys_signal[:, :, :width], query_signal[:, :, :, :width]
@@ -180,9 +181,10 @@ class Stacked:
         num_seqs, heads, seq_len, dim = query.shape
         kv = keys.shape[1]
         grouped = query.view(num_seqs, kv, heads // kv, seq_len, dim)
-        stacked_q = torch.empty(kv, heads // kv, seq_len, num_seqs, dim, dtype=torch.float64)
+        on = {"dtype": torch.float64, "device": query.device}  # on the captures' device: no copy elsewhere
+        stacked_q = torch.empty(kv, heads // kv, seq_len, num_seqs, dim, **on)
         stacked_q.copy_(grouped.permute(1, 2, 3, 0, 4))
-        stacked_k = torch.empty(kv, seq_len, num_seqs, dim, dtype=torch.float64).copy_(keys.permute(1, 2, 0, 3))
+        stacked_k = torch.empty(kv, seq_len, num_seqs, dim, **on).copy_(keys.permute(1, 2, 0, 3))
         return Stacked(stacked_q, stacked_k.mul_(scaling), grouped, keys, scaling)
 
     @property
@@ -228,11 +230,11 @@ def gram(stacked: Stacked, window: int | None, boundaries: tuple[int, ...]) -> t
     blocks = -(-seq_len // block)
     padded = blocks * block
     segments = len(boundaries) - 1
-    out = torch.zeros(segments, kv, groups, num_seqs, num_seqs, dtype=torch.float64)
+    out = stacked.stacked_keys.new_zeros(segments, kv, groups, num_seqs, num_seqs)
     stacked_q = _pad_positions(stacked.stacked_query, padded, dim=2)  # (KV, G, T', N, D)
     stacked_k = _pad_positions(stacked.stacked_keys, padded, dim=1)  # (KV, T', N, D)
-    positions = torch.arange(padded).clamp(max=seq_len - 1)  # padding rows: zero q, any segment
-    segment_of = torch.bucketize(positions, torch.tensor(boundaries), right=True) - 1
+    positions = torch.arange(padded, device=out.device).clamp(max=seq_len - 1)  # padding rows: zero q, any segment
+    segment_of = torch.bucketize(positions, torch.tensor(boundaries, device=out.device), right=True) - 1
     sq = stacked_q.view(kv, groups, blocks, block, num_seqs * dim)
     sk = stacked_k.view(kv, blocks, block, num_seqs * dim)
     _add_full_blocks(out, sq, sk, window, segment_of.view(blocks, block), num_seqs)
@@ -260,7 +262,7 @@ def _add_full_blocks(
     dim = width // num_seqs
     whole = blocks if window is None else window // block  # key blocks α − whole + 1 .. α − 1 are all valid
     upper = torch.zeros_like(out)  # (S, KV, G, N, N): the pairs n ≤ n'
-    running = torch.zeros(kv, width, width, dtype=torch.float64)  # at block α: Σ_{β < α} K-Gram, rows n ≤ cols n'
+    running = sq.new_zeros(kv, width, width)  # at block α: Σ_{β < α} K-Gram, rows n ≤ cols n'
     history: dict[int, torch.Tensor] = {}  # β → Σ_{β' < β} K-Gram, kept for block β + whole − 1 (windows)
     for alpha in range(blocks):
         if window is not None and whole >= 2 and alpha >= 1:
@@ -344,8 +346,8 @@ def table_sums(stacked: Stacked, window: int | None, grid: Grid) -> torch.Tensor
     heads, bins = kv * groups, grid.num_bins
     span = min(seq_len, window or seq_len)
     near = min(grid.linear_bins, span)
-    query_bin = grid.bin_of_position
-    dense = torch.zeros(heads, bins, bins, dtype=torch.float64)
+    query_bin = grid.bin_of_position.to(stacked_q.device)
+    dense = stacked_q.new_zeros(heads, bins, bins)
     # offsets below `near`: single logits, from blocks of rows in offset order (at least half of each product
     # is used; the rows are capped so that the exact grid's blocks stay a few MB)
     reversed_keys = reverse_keys(stacked_k, near)[None]
@@ -360,13 +362,14 @@ def table_sums(stacked: Stacked, window: int | None, grid: Grid) -> torch.Tensor
     # q_i·K[p(i, first of the next bin)] where p(i, e) = max(0, i − min(e, W) + 1) clips to query i's first
     # valid key; for each edge e that is q_i against K shifted by min(e, W) − 1 positions (K[0] = 0, so
     # clamping below 0 adds nothing, and edges whose shift passes every row of a chunk are left out).
-    shifts = torch.clamp(torch.tensor(grid.edges[near:]), max=span) - 1
+    shifts = torch.clamp(torch.tensor(grid.edges[near:], device=dense.device), max=span) - 1
     stacked_prefix = stacked.key_prefix  # (KV, T + 1, N·D)
     chunk = 32  # rows whose gathered prefixes stay in cache
     for c0 in range(0, seq_len, chunk):
         c1 = min(seq_len, c0 + chunk)
         reached = min(len(shifts), int(torch.searchsorted(shifts, c1 - 1)) + 1)  # edges past it add 0
-        index = torch.clamp(torch.arange(c0, c1)[:, None] - shifts[None, :reached], min=0)  # (rows, E')
+        rows_here = torch.arange(c0, c1, device=dense.device)
+        index = torch.clamp(rows_here[:, None] - shifts[None, :reached], min=0)  # (rows, E')
         at_edges = stacked_q[:, :, c0:c1].transpose(1, 2) @ stacked_prefix[:, index].mT  # (KV, rows, G, E')
         far = (at_edges[..., :-1] - at_edges[..., 1:]).permute(0, 2, 1, 3).reshape(heads, c1 - c0, -1)
         dense[..., near : near + far.shape[-1]].index_add_(1, query_bin[c0:c1], far)

@@ -96,13 +96,14 @@ class MeasureSpec:
 class LayerResult:
     """One layer's measurements: the profile, each magnitude per head (H,), the same for each distinct
     resample (R', H) when there is a bootstrap, ΔR² of the logit and of the log-attention (H, 2) and the
-    sink score α₀ (H,)."""
+    sink score α₀ (H,); `device`: where its sums were formed (None for a result read back from a checkpoint)."""
 
     profile: LayerProfile
     point: dict[str, torch.Tensor]
     resampled: dict[str, torch.Tensor] | None
     dr2: torch.Tensor
     sink_score: torch.Tensor
+    device: str | None = None
 
     def state(self) -> dict[str, torch.Tensor]:
         """Plain tensors, for a checkpoint (`from_state` rebuilds the result)."""
@@ -152,7 +153,14 @@ def measure_layer(capture: LayerCapture, spec: MeasureSpec) -> LayerResult:
     point = {name: value[0] for name, value in magnitudes.items()}
     resampled = None if resampling is None else {name: value[1:] for name, value in magnitudes.items()}
     dr2 = delta_r2(running_sums(sums), DesignMoments.of(sums.mask, spec.seq_len, spec.num_seqs))
-    return LayerResult(profile=profile(sums), point=point, resampled=resampled, dr2=dr2, sink_score=sums.sink_score)
+    return LayerResult(
+        profile=profile(sums),
+        point=point,
+        resampled=resampled,
+        dr2=dr2,
+        sink_score=sums.sink_score,
+        device=sums.device,
+    )
 
 
 @dataclass
@@ -172,11 +180,16 @@ class Decomposition:
     beyond: int | None
     resamples: int
     seed: int
+    where: dict[str, str]  # where the sums were formed ("device") and how the captures were kept ("captures")
 
     @staticmethod
-    def of(results: list[LayerResult], spec: MeasureSpec) -> Decomposition:
+    def of(results: list[LayerResult], spec: MeasureSpec, where: dict[str, str] | None = None) -> Decomposition:
+        """The run's tables from its layers. `where` is recorded with them; its "device" (where the sums were
+        formed) is that of the layers measured in this process, `where`'s only if every layer was read back."""
         if not results:
             raise ValueError("the decomposition saw no attention call; was the model switched to posleak attention?")
+        measured_on = ", ".join(sorted({result.device for result in results if result.device}))
+        where = dict(where or {}) | {"device": measured_on or (where or {}).get("device", "cpu")}
         resampling = spec.resampling()
         bootstrap = None
         if resampling is not None:
@@ -199,6 +212,7 @@ class Decomposition:
             beyond=spec.beyond if "beyond" in spec.ranges else None,
             resamples=spec.resamples,
             seed=spec.seed,
+            where=where,
         )
 
     @property
@@ -278,6 +292,7 @@ class Decomposition:
             "beyond": self.beyond,
             "bootstrap": {"resamples": self.resamples, "seed": self.seed, "level": self.level},
             "bootstrap_note": self.bootstrap_note,
+            **self.where,
         }
 
 

@@ -11,6 +11,10 @@ Segments cut the queries at every boundary of the measured ranges (0, 1, K and T
 "all" = 1 ≤ i < T), so a range's sums are sums of segments. log Z_i is the model's own, from the attention
 kernel (float32, so exact to ~1e-7 nats: the precision of the model's normaliser).
 
+The sums are formed on the device that holds q and k where it has float64 (the CPU, CUDA; else on the CPU:
+posleak.device.sums_device) and come back to the CPU, small (O(N·H·T) and O(H·N²) per segment), for the
+magnitudes; `LayerSums.device` records where they were formed.
+
 Two ways give the same sums. "bilinear" (bilinear.py) never forms the T × T logits: O(T·(N·D)² + T log T)
 per head. "materialised" forms them one block of queries at a time in offset order: O(N·T²·D) per head,
 cheaper for short sequences and the only way for soft-capped logits. "auto" takes the cheaper.
@@ -26,7 +30,8 @@ import torch
 
 from posleak.capture.masks import MaskSpec
 from posleak.capture.session import soft_cap
-from posleak.capture.store import LayerCapture
+from posleak.capture.store import CallFacts, LayerCapture
+from posleak.device import sums_device
 from posleak.measure import bilinear
 from posleak.measure.grid import Grid
 from posleak.measure.offset_blocks import offset_block, reverse_keys
@@ -53,6 +58,7 @@ class LayerSums:
     table: torch.Tensor  # (H, bins, bins): Σ_n Σ s over each cell of `table_grid`
     table_grid: Grid
     sink_score: torch.Tensor  # (H,): α₀, the mean attention on key 0 over queries i ≥ 1
+    device: str = "cpu"  # where the float64 products and sums were formed (the tensors here are on the CPU)
 
     @property
     def num_seqs(self) -> int:
@@ -112,7 +118,9 @@ def sum_layer(capture: LayerCapture, boundaries: Sequence[int], table_grid: Grid
     seq_len = capture.seq_len
     boundaries = tuple(boundaries)
     span = min(seq_len, mask.window or seq_len)
-    stacked = bilinear.Stacked.of(capture.query, capture.keys, facts.scaling)  # exact float64 products
+    device = sums_device(capture.query.device)
+    query, keys, log_z = (tensor.to(device) for tensor in (capture.query, capture.keys, capture.log_z))
+    stacked = bilinear.Stacked.of(query, keys, facts.scaling)  # exact float64 products, on `device`
     if choose_path(capture, path) == "bilinear":
         rows, offset_weighted = bilinear.row_sums(stacked, mask.window)
         columns = bilinear.column_sums(stacked, boundaries, span)
@@ -122,20 +130,22 @@ def sum_layer(capture: LayerCapture, boundaries: Sequence[int], table_grid: Grid
         rows, columns, gram, offset_weighted, table = _materialised(
             stacked.query.contiguous(), stacked.keys, span, facts.softcap, boundaries, table_grid
         )
+    host = torch.device("cpu")
     return LayerSums(
         layer=capture.layer,
         mask=mask,
         sink=None if facts.sink is None else torch.tensor(facts.sink, dtype=torch.float64),
         sigmoid=facts.norm == "sigmoid",
         boundaries=boundaries,
-        rows=rows,
-        log_z=capture.log_z.double(),
-        columns=columns,
-        gram=gram,
-        offset_weighted=offset_weighted,
-        table=table,
+        rows=rows.to(host),
+        log_z=capture.log_z.double().to(host),
+        columns=columns.to(host),
+        gram=gram.to(host),
+        offset_weighted=offset_weighted.to(host),
+        table=table.to(host),
         table_grid=table_grid,
-        sink_score=_sink_scores(stacked, capture),
+        sink_score=_sink_scores(stacked, capture.facts, log_z).to(host),
+        device=str(stacked.stacked_query.device),
     )
 
 
@@ -150,7 +160,7 @@ def _materialised(
     """The sums from offset-ordered blocks of float64 logits, one block of queries at a time."""
     num_seqs, kv, groups, seq_len, _ = query.shape
     heads, segments = kv * groups, len(boundaries) - 1
-    f64 = {"dtype": torch.float64}
+    f64 = {"dtype": torch.float64, "device": query.device}
     rows = torch.zeros(num_seqs, heads, seq_len, **f64)
     columns = torch.zeros(segments, num_seqs, heads, span, **f64)
     gram = torch.zeros(segments, heads, num_seqs, num_seqs, **f64)
@@ -177,11 +187,11 @@ def _materialised(
     return rows, columns, gram, offset_weighted, table
 
 
-def _sink_scores(stacked: bilinear.Stacked, capture: LayerCapture) -> torch.Tensor:
+def _sink_scores(stacked: bilinear.Stacked, facts: CallFacts, log_z: torch.Tensor) -> torch.Tensor:
     """α₀ per head, (H,): the mean over sequences and queries i ≥ 1 of a_{i,0}, the attention on key 0
     (0 where a window hides key 0; for sigmoid attention the gate σ(s_{i,0}))."""
-    facts = capture.facts
     logits = soft_cap(bilinear.logits_with_key(stacked, 0), facts.softcap)
-    visible = facts.mask.valid(torch.arange(capture.seq_len), torch.zeros((), dtype=torch.long))
-    weight = torch.sigmoid(logits) if facts.norm == "sigmoid" else torch.exp(logits - capture.log_z.double())
+    positions = torch.arange(logits.shape[-1], device=logits.device)
+    visible = facts.mask.valid(positions, positions.new_zeros(()))
+    weight = torch.sigmoid(logits) if facts.norm == "sigmoid" else torch.exp(logits - log_z.double())
     return (weight * visible)[:, :, 1:].mean(dim=(0, 2))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from posleak.data.batches import BOS_POLICIES
-from posleak.device import Placement
+from posleak.device import Placement, budget_problems
 from posleak.intervene import Interventions
 from posleak.measure import Grid
 
@@ -35,11 +35,15 @@ class AnalyzeConfig:
     bootstrap: int = 200
     interventions: Interventions = field(default_factory=Interventions)
     # Where the model runs (posleak.device): the dtype changes the model's q, k and log Z, so it is part of the
-    # resume fingerprint like every option; the sums stay float64 on the CPU whatever these say.
+    # resume fingerprint like every option; the sums are float64 whatever these say.
     device: str = Placement.device
     dtype: str = Placement.dtype
     device_map: str | None = Placement.device_map
     max_memory: str | None = Placement.max_memory
+    # Bytes of captures that may stay on the model's device, each layer measured there during the last forward
+    # (posleak.device.measure_budget: "auto", a number of bytes or a size such as "8GiB"); beyond it, captures go
+    # to the host or the run folder. It changes no number, only where the captures wait.
+    measure_budget: str = "auto"
 
     @property
     def placement(self) -> Placement:
@@ -67,6 +71,7 @@ class AnalyzeConfig:
             found.append(f"--seed {self.seed} is out of range; use a seed from 0 to {SEEDS - 1}")
         if self.bos not in BOS_POLICIES:
             found.append(f"unknown --bos {self.bos!r}; use one of {', '.join(BOS_POLICIES)}")
+        found += budget_problems(self.measure_budget)
         if self.grid not in ("coarse", "exact"):
             found.append(f"unknown --grid {self.grid!r}; use coarse or exact")
         if self.grid == "exact" and seq_len > EXACT_TABLES_UP_TO:

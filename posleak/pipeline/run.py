@@ -1,8 +1,10 @@
 """Running one analysis: forward passes with posleak's attention, capturing each layer's q, k and log Z
 (capture/store.py) and the position-0 residual states → one pass over each layer's logits that measures it
-(measure/decomposition.py) → the typed result, written to the run folder (pipeline/write.py). Every finished
-batch and every measured layer is kept in the run folder's `.partial/`, so an interrupted run, rerun with the
-same arguments, resumes where it stopped; one process at a time holds the folder.
+(measure/decomposition.py) → the typed result, written to the run folder (pipeline/write.py). When the
+captures fit the measure budget (AnalyzeConfig.measure_budget) they stay on the model's device and each layer
+is measured during the last batch's forward ("in-forward"); else every finished batch is kept on disk (or in
+CPU memory). Every measured layer is kept in the run folder's `.partial/`, so an interrupted run, rerun with
+the same arguments, resumes where it stopped; one process at a time holds the folder.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import ctypes
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -27,8 +29,9 @@ from posleak.capture import (
     require_closed_system,
 )
 from posleak.capture.query_stats import QueryStatsResult
-from posleak.capture.store import CaptureFolder, CaptureMemory, Captures, QKRecorder
+from posleak.capture.store import CallFacts, CaptureFolder, CaptureMemory, Captures, LayerCapture, QKRecorder
 from posleak.data.batches import TokenBatch, iter_batches
+from posleak.device import CPU_BUDGET_BYTES, measure_budget, sums_device
 from posleak.errors import BadInput, PosleakError
 from posleak.measure import Decomposition, LayerResult, MeasureSpec, measure_layer
 from posleak.measure.behaviour import next_token_scores, token_table
@@ -39,8 +42,8 @@ from posleak.pipeline.result import AnalysisResult
 from posleak.pipeline.write import result_tables, run_manifest, write_run
 from posleak.store import COMPLETE, RunFolder
 
-# Without a run folder (nothing to resume), captures up to this size stay in memory instead of a temporary folder.
-MEMORY_CAPTURES_BYTES = 1 << 30
+# How the captures waited for the measurement, in the manifest: this, "memory" (the CPU's) or "folder".
+IN_FORWARD = "in-forward"
 # glibc's largest dynamic mmap threshold on 64-bit systems (DEFAULT_MMAP_THRESHOLD_MAX): see _freed_memory_kept
 _MMAP_CEILING = 32 << 20
 
@@ -58,8 +61,9 @@ def analyze_model(
 ) -> AnalysisResult:
     """Analyse `batch` on `model` (already switched to posleak attention).
 
-    Two stages: forward passes that capture each layer's q, k and log Z (one file per batch, the run's
-    checkpoint), then one pass over each layer's logits that measures it (one checkpoint per layer).
+    Two stages: forward passes that capture each layer's q, k and log Z (on the device during the last
+    forward, or one file per batch, the run's checkpoint), then one pass over each layer's logits that
+    measures it (one checkpoint per layer).
     `loaded` supplies provenance for a checkpoint (its id and file hash); a lab model passes `model_id`.
     """
     tokenizer = loaded.tokenizer if loaded is not None else tokenizer
@@ -88,26 +92,26 @@ def _analyze(
     progress: bool,
 ) -> AnalysisResult:
     """Capture, measure, and build the result; with a run folder, write it there and mark it finished."""
-    table_grid = tables_grid(config, batch.seq_len)
     started = time.perf_counter()
-    with _captures(run, model, batch) as captures:
-        sink_heads = _capture(model, batch, config, captures, tokenizer, model_id, progress)
-        forward_s = time.perf_counter() - started
+    kept = _where_captures_wait(run, model, batch, config)
+    with _captures(run, model, batch, kept) as captures:
+        if kept == IN_FORWARD:
+            sink_heads, spec, layers, measure_s = _capture_and_measure(
+                model, batch, config, captures, tokenizer, model_id, run, progress
+            )
+            forward_s = time.perf_counter() - started - measure_s
+        else:
+            sink_heads = _capture(model, batch, config, captures, tokenizer, model_id, progress)
+            forward_s = time.perf_counter() - started
+            windows = [captures.facts(layer).window for layer in captures.layers()]
+            spec = _measure_spec(batch, config, windows)
+            layers = _measure(captures, spec, run, model_id, progress)
+            measure_s = time.perf_counter() - started - forward_s
+        where = {"device": str(sums_device(model.device)), "captures": kept}
+        measured = Decomposition.of(layers, spec, where)
         states = torch.cat(captures.extra("pos0"), dim=1)
         closed = closed_system(states, states[0])  # group by the vector at position 0 (after interventions)
         require_closed_system(closed)
-        windows = [window for layer in captures.layers() if (window := captures.facts(layer).window)]
-        spec = MeasureSpec(
-            batch.seq_len,
-            batch.num_seqs,
-            table_grid,
-            early=config.early,
-            resamples=config.bootstrap,
-            seed=config.seed,
-            beyond=min(windows, default=None),
-        )
-        measured = Decomposition.of(_measure(captures, spec, run, model_id, progress), spec)
-        measure_s = time.perf_counter() - started - forward_s
         nll, correct = torch.cat(captures.extra("nll")), torch.cat(captures.extra("correct"))
     result = result_tables(measured, states, closed)
     result.tokens = token_table(nll, correct, batch.ids)
@@ -125,15 +129,46 @@ def _analyze(
     return result
 
 
+def _measure_spec(batch: TokenBatch, config: AnalyzeConfig, windows: list[int | None]) -> MeasureSpec:
+    """What the layers are measured with; `windows`: every layer's (the range "beyond" starts at the least)."""
+    return MeasureSpec(
+        batch.seq_len,
+        batch.num_seqs,
+        tables_grid(config, batch.seq_len),
+        early=config.early,
+        resamples=config.bootstrap,
+        seed=config.seed,
+        beyond=min((window for window in windows if window), default=None),
+    )
+
+
+def _where_captures_wait(
+    run: RunFolder | None, model: PreTrainedModel, batch: TokenBatch, config: AnalyzeConfig
+) -> str:
+    """IN_FORWARD when the captures of every layer fit the measure budget of the model's device, unless the run
+    folder holds captured batches of an earlier try (the captured path resumes from them); else "folder" (the
+    run folder's, or a temporary one) or "memory" (the CPU's, without a run folder, up to CPU_BUDGET_BYTES)."""
+    folder = run.partial_dir / "captures" if run is not None else None
+    captured_before = folder is not None and folder.is_dir() and bool(CaptureFolder(folder).batches())
+    # a model spread over devices by a device map fills them: on the in-forward path only with a budget given
+    spread = len({str(where) for where in (getattr(model, "hf_device_map", None) or {}).values()}) > 1
+    spec = config.measure_budget
+    budget = 0 if spread and spec == "auto" else measure_budget(spec, model.device, run_folder=run is not None)
+    size = capture_bytes(model, batch)
+    if not captured_before and size <= budget:
+        return IN_FORWARD
+    return "memory" if run is None and size <= CPU_BUDGET_BYTES else "folder"
+
+
 @contextmanager
-def _captures(run: RunFolder | None, model: PreTrainedModel, batch: TokenBatch) -> Iterator[Captures]:
-    """The run's own capture folder (kept for a resume until the run finishes); without a run folder, memory
-    when the captures fit MEMORY_CAPTURES_BYTES, else a temporary folder."""
+def _captures(run: RunFolder | None, model: PreTrainedModel, batch: TokenBatch, kept: str) -> Iterator[Captures]:
+    """On the in-forward path, memory on the device where q and k are made; else the run's own capture folder
+    (kept for a resume until the run finishes), or without a run folder CPU memory or a temporary folder."""
+    if kept != "folder":
+        yield CaptureMemory(on_host=kept == "memory")
+        return
     if run is not None:
         yield CaptureFolder(run.partial_dir / "captures")
-        return
-    if capture_bytes(model, batch) <= MEMORY_CAPTURES_BYTES:
-        yield CaptureMemory()
         return
     with tempfile.TemporaryDirectory(prefix="posleak-captures-") as folder:
         yield CaptureFolder(Path(folder))
@@ -157,8 +192,10 @@ def _capture(
     tokenizer: PreTrainedTokenizerBase | None,
     model_id: str,
     progress: bool,
+    measurer: InForwardMeasure | None = None,
 ) -> dict[int, tuple[int, ...]] | None:
-    """Run every batch not captured yet; returns the sink heads an `auto` ablation chose (else None)."""
+    """Run every batch not captured yet; returns the sink heads an `auto` ablation chose (else None). A
+    `measurer` measures each layer during the last batch's forward (its layers measured before are not kept)."""
     interventions = config.interventions
     sink_heads = sink_heads_of(model, batch, config) if interventions.needs_sink_heads else None
     chunks = list(iter_batches(batch, config.batch_size))
@@ -174,13 +211,17 @@ def _capture(
     )
     recorder = QKRecorder(captures)
     layers = model.config.get_text_config(decoder=True).num_hidden_layers
-    session = CaptureSession([recorder, LayerProgress(bar, layers)], edits=interventions.attention_edits(sink_heads))
+    accumulators = [recorder, *([measurer] if measurer is not None else []), LayerProgress(bar, layers)]
+    if measurer is not None:
+        measurer.facts, recorder.skip = recorder.facts, frozenset(measurer.saved)
+    session = CaptureSession(accumulators, edits=interventions.attention_edits(sink_heads))
     # the bar as a context: closed (its line ended) before an error is printed below it
     with bar, interventions.applied(model, tokenizer, bos_at_0=batch.bos_id is not None):
         for index in todo:
             seq_index, ids = chunks[index]
             recorder.batch = index
-            with ResidualCapture(model, positions=[0]) as residual:
+            measuring = measurer.during(index, seq_index, todo) if measurer is not None else nullcontext()
+            with ResidualCapture(model, positions=[0]) as residual, measuring:
                 output = session.forward(model, ids, seq_index)
             pos0 = residual.states()[:, :, 0]
             _check_finite(pos0, model_id)
@@ -201,13 +242,94 @@ def _measure(
         for layer in layers:
             state = run.load_partial(f"layer{layer}") if run is not None else None
             if state is None:
-                result = measure_layer(captures.layer(layer), spec)
-                if run is not None:
-                    run.save_partial(f"layer{layer}", result.state())
+                result = _measured(captures.layer(layer), spec, run)
             else:
                 result = LayerResult.from_state(state, spec)
             results.append(result)
     return results
+
+
+def _measured(capture: LayerCapture, spec: MeasureSpec, run: RunFolder | None) -> LayerResult:
+    """One layer measured, and kept in the run folder for a resume."""
+    result = measure_layer(capture, spec)
+    if run is not None:
+        run.save_partial(f"layer{capture.layer}", result.state())
+    return result
+
+
+def _capture_and_measure(
+    model: PreTrainedModel,
+    batch: TokenBatch,
+    config: AnalyzeConfig,
+    captures: Captures,
+    tokenizer: PreTrainedTokenizerBase | None,
+    model_id: str,
+    run: RunFolder | None,
+    progress: bool,
+) -> tuple[dict[int, tuple[int, ...]] | None, MeasureSpec, list[LayerResult], float]:
+    """The in-forward path, from captures that never leave the device: the sink heads, the spec, the layers in
+    order and the seconds spent measuring. Layers measured before a kill are read back, neither kept nor
+    measured again. With one batch, every layer's window (the spec's range "beyond") is known only once its
+    forward has passed the last layer, so each layer is measured right after that forward instead of during it."""
+    layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    saved = {layer: run.load_partial(f"layer{layer}") if run is not None else None for layer in range(layers)}
+    measurer = InForwardMeasure(captures, batch, config, run, {k: v for k, v in saved.items() if v is not None})
+    sink_heads = _capture(model, batch, config, captures, tokenizer, model_id, progress, measurer)
+    spec = measurer.spec or _measure_spec(batch, config, [facts.window for facts in measurer.facts.values()])
+    results = {layer: LayerResult.from_state(state, spec) for layer, state in measurer.saved.items()}
+    results |= measurer.results
+    started = time.perf_counter()
+    with _freed_memory_kept():
+        for layer in sorted(set(measurer.facts) - set(results)):  # one batch: measured after its forward
+            results[layer] = _measured(captures.layer(layer), spec, run)
+            captures.drop_layer(layer)
+    return (
+        sink_heads,
+        spec,
+        [results[layer] for layer in sorted(results)],
+        measurer.seconds + time.perf_counter() - started,
+    )
+
+
+class InForwardMeasure:
+    """An accumulator, after the QKRecorder: once `begin` names the last batch, measures each layer as soon as
+    that batch's q and k of it are captured, on their device, keeps it for a resume and frees its captures.
+    `saved`: the states of layers measured before a resume (not measured again); `results`: those measured."""
+
+    needs_attended_keys = False
+
+    def __init__(
+        self,
+        captures: Captures,
+        batch: TokenBatch,
+        config: AnalyzeConfig,
+        run: RunFolder | None,
+        saved: dict[int, dict[str, torch.Tensor]],
+    ) -> None:
+        self.captures, self.batch, self.config, self.run, self.saved = captures, batch, config, run, saved
+        self.facts: dict[int, CallFacts] = {}  # every layer's, the QKRecorder's (set by _capture)
+        self.spec: MeasureSpec | None = None
+        self.in_flight: tuple[int, torch.Tensor] | None = None
+        self.results: dict[int, LayerResult] = {}
+        self.seconds = 0.0
+
+    def during(self, batch: int, sequence_index: torch.Tensor, todo: list[int]) -> AbstractContextManager[None]:
+        """What the forward of `batch` runs in: for the last of several batches (an earlier one has shown every
+        layer's facts, the spec's windows), measuring each layer with freed memory kept for the next."""
+        if batch != todo[-1] or len(todo) < 2:
+            return nullcontext()
+        self.spec = _measure_spec(self.batch, self.config, [facts.window for facts in self.facts.values()])
+        self.in_flight = batch, sequence_index
+        return _freed_memory_kept()
+
+    def update(self, call: AttentionCall) -> None:
+        if self.in_flight is None or self.spec is None or call.layer in self.saved:
+            return
+        started = time.perf_counter()
+        capture = self.captures.layer(call.layer, in_flight=self.in_flight)
+        self.captures.drop_layer(call.layer)
+        self.results[call.layer] = _measured(capture, self.spec, self.run)
+        self.seconds += time.perf_counter() - started
 
 
 @contextmanager
