@@ -526,6 +526,10 @@ def test_a_plan_file_sets_each_role_and_the_plan_s_sizes(tmp_path: Path) -> None
     assert [p.split(": ")[1].split(" ")[0] for p in problems] == ["unknown", "role", "base", "base"]
     path.write_text("base: {epochs: 3}\n")
     assert "unknown options ['epochs']" in paper_plan(QUICK, None, path)[1][0]
+    path.write_text("base: [3]\n")
+    assert paper_plan(QUICK, None, path)[1] == [
+        f"paper plan '{path}': base must map Plan fields to values (ntk_factors: [4, 16], ...)"
+    ]
 
 
 @pytest.fixture(scope="module")

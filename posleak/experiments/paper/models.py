@@ -102,10 +102,12 @@ def _read_plan_file(
     plan file raises)."""
     raw = PLAN_FILE.read(path)
     PLAN_FILE.check_sections(raw)
-    base, _ = PLAN_FILE.base_and_grid({"base": raw.get("base")})
-    roles = raw.get("roles") or {}
+    roles, base = raw.get("roles") or {}, raw.get("base") or {}
     if not isinstance(roles, dict):
         raise PosleakError(f"paper plan '{path}': roles must map each role to a model or {{model, seq_len, num_seqs}}")
+    if not isinstance(base, dict):
+        raise PosleakError(f"paper plan '{path}': base must map Plan fields to values (ntk_factors: [4, 16], ...)")
+    base, _ = PLAN_FILE.base_and_grid({"base": base})
     chosen: dict[RoleName, str] = {}
     sizes: dict[RoleName, tuple[int, int]] = {}
     for role, entry in roles.items():
