@@ -1,6 +1,8 @@
 """`posleak paper`: each claim's verdict on constructed inputs with a known answer, the sink readers of a model
-built with sink heads, and `posleak paper --quick` end to end on the built-in models (one verdict per claim, the
-numbers behind it, the tables the issue names, and a report that renders in a real browser)."""
+built with sink heads, the models by role (`--models`, `--plan`: the built-ins' run folders kept, every bad
+assignment refused from the real models' configs and tokenizers before any work), and `posleak paper --quick` end
+to end on the built-in models (one verdict per claim, the numbers behind it, the tables the issue names, and a
+report that renders in a real browser)."""
 
 from __future__ import annotations
 

@@ -35,8 +35,8 @@ class Role:
     @property
     def name(self) -> str:
         """How the texts name the model: the last part of its spec (a folder's or a hub id's name), made safe for
-        a folder name; a built-in's own name."""
-        return _safe(Path(self.model).name)
+        a folder name; a built-in's own name. Resolved first, so that `.` or `../ckpt/` name their folder."""
+        return _safe(Path(self.model).expanduser().resolve().name) or "model"
 
 
 ROLES: dict[RoleName, Role] = {
@@ -67,7 +67,8 @@ def role_for(role: RoleName, model: str) -> Role:
 
 @dataclass(frozen=True)
 class Plan:
-    """Sizes of one reproduction, per sample (two disjoint samples); `--quick` fits in 15 minutes on 2 cores."""
+    """Sizes of one reproduction, per sample (two disjoint samples), and the model of each role (`roles`, with
+    per-role T and N in `sizes` where a plan file gives them); `--quick` fits in 15 minutes on 2 cores."""
 
     name: str
     seq_len: int
