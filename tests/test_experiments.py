@@ -1,10 +1,14 @@
 """`posleak paper`: each claim's verdict on constructed inputs with a known answer, the sink readers of a model
-built with sink heads, and `posleak paper --quick` end to end on the built-in models (one verdict per claim, the
-numbers behind it, the tables the issue names, and a report that renders in a real browser)."""
+built with sink heads, the models by role (`--models`, `--plan`: the built-ins' run folders kept, every bad
+assignment refused from the real models' configs and tokenizers before any work), and `posleak paper --quick` end
+to end on the built-in models (one verdict per claim, the numbers behind it, the tables the issue names, and a
+report that renders in a real browser)."""
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -14,25 +18,29 @@ import pandas as pd
 import pytest
 import torch
 from browser import check_in_chromium, needs_chromium, section_tables
-from cli import file_stamps, run_cli
+from cli import file_stamps, run_cli, run_main
 from tiny import SINK_T, sink_ids, sink_model, sink_scores
 
 from posleak.data.batches import TokenBatch
 from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, percent_change
-from posleak.experiments.paper import QUICK
+from posleak.experiments.paper import QUICK, paper_plan
 from posleak.experiments.paper.c1 import claim_c1
 from posleak.experiments.paper.c2 import claim_c2
 from posleak.experiments.paper.c3 import claim_c3, control_heads, head_list, sink_heads
 from posleak.experiments.paper.c4 import LabRuns, claim_c4, lab_runs
 from posleak.experiments.paper.c5 import claim_c5
 from posleak.experiments.paper.c6 import claim_c6
-from posleak.experiments.paper.reproduction import Reproduction
+from posleak.experiments.paper.plan import ROLES
+from posleak.experiments.paper.reproduction import Reproduction, shared_analyses
 from posleak.experiments.paper.verdict import replicated
 from posleak.intervene import Interventions
 from posleak.models.load import LoadedModel
 from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model
 
 CLAIMS = ["C1", "C2", "C3", "C4", "C5", "C6"]
+# A bad role assignment is refused within this, the models' configs and tokenizers read; counted in CPU seconds
+# of this process (its threads included), which a machine shared with other work does not stretch.
+CHECK_BUDGET_S = 10.0
 QUICK_BUDGET_S = 25 * 60  # --quick is sized for 15 minutes on 2 cores; CI's machine may be shared
 VERDICTS = {"consistent", "not consistent", "inconclusive"}
 
@@ -468,3 +476,122 @@ def test_sink_heads_and_their_controls(logits: dict[tuple[int, int], float], exp
         assert (heads["sink_score"] <= 0.3).all()
     assert len({head_list(heads) for heads in draws}) == 3
     assert head_list(control_heads(per_head, len(chosen), 1)) == head_list(draws[1])
+
+
+def test_models_by_role_keep_the_built_in_folders_and_name_others_after_their_spec(tmp_path: Path) -> None:
+    builtins = "standard=smollm2-135m,large-base=qwen2.5-coder-0.5b,sliding=gemma3-270m,bos=gemma3-270m"
+    named, problems = paper_plan(QUICK, builtins)
+    assert problems == [] and named == QUICK  # the built-ins named explicitly are the default plan
+    folders = [a.folder for a in shared_analyses(named)]
+    assert folders == [
+        "smollm2-135m",
+        "smollm2-135m-ntk4",
+        "smollm2-135m-ntk16",
+        "qwen2.5-coder-0.5b",
+        "gemma3-270m",
+        "gemma3-270m-bos",
+        "gemma3-270m-bos-mean",
+        "gemma3-270m-bos-random",
+        "gemma3-270m-bos-zero",
+    ]
+    # "bos" follows "sliding" unless named; a hub id or a folder is named after its last part
+    plan, problems = paper_plan(QUICK, "sliding=mistralai/Mistral-7B-v0.1, standard = /ckpt/Llama 3.1/")
+    assert problems == []
+    assert plan.roles["bos"].model == plan.roles["sliding"].model == "mistralai/Mistral-7B-v0.1"
+    assert [plan.roles[r].folder for r in ("standard", "sliding", "bos")] == [
+        "Llama_3.1",
+        "Mistral-7B-v0.1",
+        "Mistral-7B-v0.1-bos",
+    ]
+    assert plan.roles["large-base"] == ROLES["large-base"]
+    assert shared_analyses(plan)[1].folder == "Llama_3.1-ntk4"
+
+
+def test_a_plan_file_sets_each_role_and_the_plan_s_sizes(tmp_path: Path) -> None:
+    path = tmp_path / "plan.yaml"
+    path.write_text(
+        "roles:\n"
+        "  standard: {model: smollm2-135m, seq_len: 128, num_seqs: 6}\n"
+        "  sliding: {seq_len: 1024}\n"
+        "  large-base: qwen2.5-coder-0.5b\n"
+        "base: {ntk_factors: [2, 8], bootstrap: 50, lab_seeds: [3]}\n"
+    )
+    plan, problems = paper_plan(QUICK, "bos=smollm2-135m", path)
+    assert problems == []
+    assert plan.size("standard") == (128, 6) and plan.size("bos") == (128, 6)  # bos follows the standard size
+    assert plan.size("sliding") == (1024, QUICK.gemma_num_seqs) and plan.size("large-base") == QUICK.size("large-base")
+    assert (plan.ntk_factors, plan.bootstrap, plan.lab_seeds) == ((2.0, 8.0), 50, (3,))
+    assert plan.roles["bos"].folder == "smollm2-135m-bos" and plan.roles["sliding"] == ROLES["sliding"]
+    path.write_text("roles:\n  nosuch: x\n  standard: {seq_len: -1}\nbase: {bootstrap: many, ntk_factors: []}\n")
+    _, problems = paper_plan(QUICK, None, path)
+    assert len(problems) == 4, problems
+    assert [p.split(": ")[1].split(" ")[0] for p in problems] == ["unknown", "role", "base", "base"]
+    path.write_text("base: {epochs: 3}\n")
+    assert "unknown options ['epochs']" in paper_plan(QUICK, None, path)[1][0]
+    path.write_text("base: [3]\n")
+    assert paper_plan(QUICK, None, path)[1] == [
+        f"paper plan '{path}': base must map Plan fields to values (ntk_factors: [4, 16], ...)"
+    ]
+
+
+@pytest.fixture(scope="module")
+def edited_checkpoint(tmp_path_factory: pytest.TempPathFactory, zoo_model) -> Callable[..., Path]:
+    """A checkpoint folder of smollm2-135m's own files (its weights linked, not copied) with its config or
+    tokenizer config edited: a real model that fails one check."""
+    source = zoo_model("smollm2-135m").path
+
+    def make(name: str, config: dict[str, Any] | None = None, tokenizer: dict[str, Any] | None = None) -> Path:
+        folder = tmp_path_factory.mktemp(name)
+        for file in ("model.safetensors", "tokenizer.json"):
+            (folder / file).symlink_to(source / file)
+        for file, changes in (("config.json", config), ("tokenizer_config.json", tokenizer)):
+            (folder / file).write_text(json.dumps({**json.loads((source / file).read_text()), **(changes or {})}))
+        return folder
+
+    return make
+
+
+@pytest.mark.parametrize(
+    ("models", "needles"),
+    [
+        ("sliding=smollm2-135m", ["roles standard and sliding would share", "has no sliding window"]),
+        ("nosuch=x", ["unknown role 'nosuch'"]),
+        ("standard=/no/such/dir", ["standard model /no/such/dir: no model '/no/such/dir'"]),
+        ("standard,large-base=", ["'standard' is not ROLE=MODEL", "'large-base=' is not ROLE=MODEL"]),
+    ],
+)
+def test_paper_refuses_a_bad_role_assignment_before_any_work(
+    tmp_path: Path, zoo_model, models: str, needles: list[str]
+) -> None:
+    for name in ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"):
+        zoo_model(name)
+    out = tmp_path / "paper"
+    start = time.process_time()
+    proc = run_main("paper", "--quick", "--models", models, "--out", str(out))
+    elapsed = time.process_time() - start
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == len(needles), proc.stderr
+    for line, needle in zip(lines, needles, strict=True):
+        assert line.startswith("posleak: error: ") and needle in line, line
+    assert not out.exists() and elapsed < CHECK_BUDGET_S
+
+
+def test_every_problem_of_the_models_in_their_roles_at_once(
+    tmp_path: Path, zoo_model, edited_checkpoint: Callable[..., Path]
+) -> None:
+    """A tokenizer without a BOS in a BOS-needing role, a model shorter than its T, a window not shorter than T,
+    an unknown role: one line each, nothing written."""
+    zoo_model("gemma3-270m")
+    no_bos = edited_checkpoint("nobos", tokenizer={"bos_token": None})
+    short = edited_checkpoint("short", config={"max_position_embeddings": 128})
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"roles:\n  sliding: {{seq_len: 512}}\n  large-base: {{model: {short}, seq_len: 256}}\n")
+    out = tmp_path / "paper"
+    proc = run_main("paper", "--models", f"standard={no_bos},nosuch=1", "--plan", str(plan), "--out", str(out))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 4, proc.stderr
+    assert "unknown role 'nosuch'" in lines[0]
+    assert f"standard model {no_bos}: its tokenizer has no BOS token, and C6" in lines[1]
+    assert f"large-base model {short}: its maximum positions (128) are shorter than its T = 256" in lines[2]
+    assert "sliding model gemma3-270m: its sliding window W = 512 is not shorter than its T = 512" in lines[3]
+    assert not out.exists()

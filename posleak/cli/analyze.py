@@ -57,10 +57,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     compare.add_argument("--out", required=True, help="folder for the comparison")
     compare.set_defaults(handler=_compare)
 
-    paper = sub.add_parser("paper", help="reproduce claims C1–C6 of arXiv 2606.06160 on the built-in models")
+    paper = sub.add_parser("paper", help="reproduce claims C1–C6 of arXiv 2606.06160 (built-in models or any, by role)")
     size = paper.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="the default: about 15 minutes on 2 cores")
     size.add_argument("--full", action="store_true", help="more and longer sequences")
+    paper.add_argument(
+        "--models",
+        metavar="ROLE=MODEL,...",
+        help="each role's model: standard, large-base, sliding, bos (default: the built-ins; bos follows sliding)",
+    )
+    paper.add_argument("--plan", metavar="PLAN.yaml", help="a plan file: per role the model, T and N; other sizes")
     paper.add_argument("--out", default="runs/paper", help="output folder (rerun to resume)")
     add_backend_options(paper, "analyses and lab trials")
     add_placement_options(paper, defaults=True)
@@ -253,9 +259,14 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _paper(args: argparse.Namespace) -> int:
-    from posleak.experiments.paper import FULL, QUICK, reproduce
+    from posleak.errors import BadInput
+    from posleak.experiments.paper import FULL, QUICK, paper_plan, reproduce
+    from posleak.experiments.paper.run import reproduction_problems
 
-    plan = dataclasses.replace(FULL if args.full else QUICK, placement=placement_from(args))
+    start = dataclasses.replace(FULL if args.full else QUICK, placement=placement_from(args))
+    plan, problems = paper_plan(start, args.models, args.plan)
+    if problems:  # with every other problem of the run, before any work
+        raise BadInput(problems + reproduction_problems(Path(args.out), plan, args.backend))
     claims = reproduce(Path(args.out), plan, backend=args.backend, address=args.address)
     print(f"wrote {args.out}: report.html, claims.json, runs/", file=sys.stderr)
     for claim in claims:

@@ -1,4 +1,5 @@
-"""`posleak paper`: the reproduction of claims C1–C6 of arXiv 2606.06160 on the built-in models.
+"""`posleak paper`: the reproduction of claims C1–C6 of arXiv 2606.06160 on the built-in models, or on any models
+by role (`paper_plan`: `--models ROLE=MODEL,...`, `--plan PLAN.yaml`).
 
 Every analysis is an ordinary `analyze` run folder under `OUT/runs/` and every lab model a lab trial under
 `OUT/lab/`, so an interrupted reproduction resumes where it stopped. Each claim is judged by a criterion
@@ -6,12 +7,13 @@ written in its own module (c1.py … c6.py) before any data were seen, on two di
 and B): the sequences of each model are drawn once and split in halves, and every analysis, intervention and
 control runs on each half. A claim is consistent, or not consistent, only where both samples say so.
 
-Models (plan.py, by role): smollm2-135m (standard RoPE, θ = 1e5), gemma3-270m (5 sliding layers of W = 512 to
+Models by default (plan.py, by role): smollm2-135m (standard RoPE, θ = 1e5), gemma3-270m (5 sliding layers of W = 512 to
 one global; sequences longer than the window), qwen2.5-coder-0.5b (RoPE trained with θ = 1e6), smollm2-135m
 with NTK-aware scaling at inference, and, for C4's controlled line, a lab decoder of 8 layers trained three ways.
 """
 
+from posleak.experiments.paper.models import paper_plan
 from posleak.experiments.paper.plan import FULL, QUICK, Plan
 from posleak.experiments.paper.run import reproduce
 
-__all__ = ["FULL", "QUICK", "Plan", "reproduce"]
+__all__ = ["FULL", "QUICK", "Plan", "paper_plan", "reproduce"]

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from posleak.experiments.evidence import layer_mean
 from posleak.experiments.paper.claim import ClaimModule, quote
-from posleak.experiments.paper.plan import ROLES
 from posleak.experiments.paper.reproduction import SampleRuns
 from posleak.experiments.paper.verdict import Judgement, judge, row
 from posleak.pipeline import AnalysisResult
@@ -34,6 +33,7 @@ def claim_c1(models: Mapping[str, AnalysisResult]) -> Judgement:
 class C1(ClaimModule):
     name = "C1"
     statement = "RoPE-trained models show absolute position in their attention patterns."
+    roles = ("standard", "large-base", "sliding")
     criterion = C1_CRITERION
     method = (
         "The decomposition of each model's log-attention into g, m and r (docs/method.md §2–3); the "
@@ -44,7 +44,7 @@ class C1(ClaimModule):
         return claim_c1(runs.baselines())
 
     def against_paper(self, judgement: Judgement, runs: SampleRuns) -> str:
-        model = ROLES["standard"].label
+        model = runs.roles["standard"].label
         return (
             "The paper finds absolute position in the attention of RoPE models; here the residual-stream "
             f"magnitude is {quote(judgement, f'{model}: resid_all')} in {model} and the causal-mask one "

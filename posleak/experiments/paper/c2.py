@@ -8,7 +8,6 @@ from pathlib import Path
 from posleak.experiments.evidence import layer_mean
 from posleak.experiments.paper.c1 import MIN_MAGNITUDE
 from posleak.experiments.paper.claim import ClaimModule, quote
-from posleak.experiments.paper.plan import ROLES
 from posleak.experiments.paper.reproduction import SampleRuns
 from posleak.experiments.paper.verdict import Judgement, judge, row
 from posleak.pipeline import AnalysisResult
@@ -32,6 +31,7 @@ def claim_c2(models: Mapping[str, AnalysisResult]) -> Judgement:
 class C2(ClaimModule):
     name = "C2"
     statement = "The causal mask makes the softmax denominator depend on the query position."
+    roles = ("standard", "large-base", "sliding")
     criterion = C2_CRITERION
     method = "m(i) = −logsumexp over the offsets the mask admits of the relative part g(d) (docs/method.md §2)."
 
@@ -39,7 +39,7 @@ class C2(ClaimModule):
         return claim_c2(runs.baselines())
 
     def against_paper(self, judgement: Judgement, runs: SampleRuns) -> str:
-        model = ROLES["standard"].label
+        model = runs.roles["standard"].label
         return (
             "The paper traces one source to the causal mask's denominator; here its early-query magnitude is "
             f"{quote(judgement, f'{model}: mask_early')} in {model}."

@@ -21,7 +21,7 @@ from posleak.errors import BadInput
 from posleak.experiments.batch import AnalysisJob
 from posleak.experiments.evidence import Estimate, percent_change
 from posleak.experiments.paper.claim import ClaimModule, quote, rounded
-from posleak.experiments.paper.plan import ROLES, SAMPLES, SHOWN
+from posleak.experiments.paper.plan import SAMPLES, SHOWN, Role
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
 from posleak.experiments.paper.verdict import Judgement, fact, judge, row
 from posleak.intervene import Interventions
@@ -139,16 +139,19 @@ def sink_design(model: str, baseline: AnalysisResult, draws: int) -> tuple[pd.Da
     return sinks, controls, later
 
 
-def sink_jobs(repro: Reproduction, model: str, baseline: AnalysisResult, sample: str) -> dict[str, AnalysisJob]:
+def sink_jobs(repro: Reproduction, role: Role, baseline: AnalysisResult, sample: str) -> dict[str, AnalysisJob]:
     """Ablate the value at key 0 of every sink head jointly, of as many random non-sink heads (several draws),
-    and patch position 0's trajectory: one analysis each, by run name (ablate-sinks, ablate-control0, ...)."""
-    sinks, controls, _ = sink_design(model, baseline, repro.plan.control_draws)
+    and patch position 0's trajectory: one analysis each of the model of `role`, by run name (ablate-sinks,
+    ablate-control0, ...), into OUT/runs/FOLDER-NAME-SAMPLE."""
+    sinks, controls, _ = sink_design(role.model, baseline, repro.plan.control_draws)
     runs = {"ablate-sinks": Interventions(ablate_sink_values=head_list(sinks))}
     runs |= {f"ablate-control{k}": Interventions(ablate_sink_values=head_list(c)) for k, c in enumerate(controls)}
     runs["patch-pos0"] = Interventions(patch_pos0=PATCH_SOURCE)
     config = repro.config("standard")
     return {
-        name: repro.job(f"{model}-{name}", model, dataclasses.replace(config, interventions=interventions), sample)
+        name: repro.job(
+            f"{role.folder}-{name}", role.model, dataclasses.replace(config, interventions=interventions), sample
+        )
         for name, interventions in runs.items()
     }
 
@@ -174,21 +177,25 @@ def sink_evidence(model: str, baseline: AnalysisResult, runs: dict[str, Analysis
 class C3(ClaimModule):
     name = "C3"
     statement = "Position 0 is a closed system; later queries read its trajectory through sink-reading heads."
+    roles = ("standard",)
     criterion = C3_CRITERION
-    method = (
-        "h_0^(l) compared across inputs sharing the token at position 0, in every run; the value at key 0 of every "
-        f"sink head of {ROLES['standard'].model} zeroed for queries i ≥ 1 in one run, of as many random non-sink "
-        "heads in each control run, and position 0's trajectory replaced by that of another token in a third "
-        "(docs/method.md §9, §13)."
-    )
+
+    @property
+    def method(self) -> str:  # the plan's standard model, so not a class constant
+        return (
+            "h_0^(l) compared across inputs sharing the token at position 0, in every run; the value at key 0 of "
+            f"every sink head of {self.repro.plan.roles['standard'].name} zeroed for queries i ≥ 1 in one run, of as "
+            "many random non-sink heads in each control run, and position 0's trajectory replaced by that of "
+            "another token in a third (docs/method.md §9, §13)."
+        )
 
     def measure(self, runs: Mapping[str, SampleRuns]) -> None:
         """The ablations and the patch of both samples, in one wave."""
-        model, draws = ROLES["standard"].model, self.repro.plan.control_draws
-        jobs = {s: sink_jobs(self.repro, model, runs[s].standard, s) for s in SAMPLES}
+        role, draws = self.repro.plan.roles["standard"], self.repro.plan.control_draws
+        jobs = {s: sink_jobs(self.repro, role, runs[s].standard, s) for s in SAMPLES}
         results = iter(self.repro.run([job for named in jobs.values() for job in named.values()]))
         self.evidence = {
-            s: sink_evidence(model, runs[s].standard, {name: next(results) for name in named}, draws)
+            s: sink_evidence(role.model, runs[s].standard, {name: next(results) for name in named}, draws)
             for s, named in jobs.items()
         }
 
@@ -226,7 +233,7 @@ class C3(ClaimModule):
             name: shown[name].per_layer for name in ("ablate-sinks", "ablate-control0", "patch-pos0")
         }
         title = (
-            f"{ROLES['standard'].model}: resid_all with sink heads, control heads ablated, position 0 patched "
+            f"{runs.roles['standard'].name}: resid_all with sink heads, control heads ablated, position 0 patched "
             f"(sample {SHOWN})"
         )
         path = self.repro.out.figure_path("c3_sink_ablation")

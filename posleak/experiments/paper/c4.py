@@ -16,7 +16,7 @@ import pandas as pd
 from posleak.experiments.compare import summarise
 from posleak.experiments.evidence import Estimate, depth_slope, mean_of, percent_change
 from posleak.experiments.paper.claim import ClaimModule, quote, rounded
-from posleak.experiments.paper.plan import ROLES, SHOWN
+from posleak.experiments.paper.plan import SHOWN
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
 from posleak.experiments.paper.verdict import Judgement, judge, row
 from posleak.lab.plan import run_trials
@@ -140,6 +140,12 @@ def lab_runs(repro: Reproduction) -> LabRuns:
     return LabRuns(runs)
 
 
+def _base(result: AnalysisResult) -> str:
+    """The largest RoPE base of the model of `result` as the evidence writes it (1e6)."""
+    theta = max(t for t in result.manifest["model"]["facts"]["rope_theta"] if t is not None)
+    return f"{theta:.0e}".replace("e+0", "e").replace("e+", "e")
+
+
 def _variants(runs: SampleRuns) -> dict[str, AnalysisResult]:
     """The pretrained models and the standard one under each NTK factor, by label."""
     return {**runs.baselines(), **runs.ntk_variants()}
@@ -151,6 +157,7 @@ class C4(ClaimModule):
         "Both components appear in every architecture, in a different balance: NTK suppresses the "
         "residual-stream component, sliding windows let it accumulate with depth, standard RoPE sits between."
     )
+    roles = ("standard", "large-base", "sliding")
     criterion = C4_CRITERION
     method = (
         "Slopes of the residual-stream magnitude against relative depth with bootstrap intervals, between the "
@@ -166,7 +173,8 @@ class C4(ClaimModule):
             "standard": depth_slope(runs.standard, "resid_all"),
             "ntk": depth_slope(runs.largest_ntk, "resid_all"),
         }
-        reported = {f"trained base 1e6 ({ROLES['large-base'].model})": depth_slope(runs.large_base, "resid_all")}
+        large = runs.large_base
+        reported = {f"trained base {_base(large)} ({runs.roles['large-base'].name})": depth_slope(large, "resid_all")}
         ntk_change = percent_change(runs.standard, runs.largest_ntk, "resid_all")
         return claim_c4(ntk_change, slopes, self.lab, reported)
 

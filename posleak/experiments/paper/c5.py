@@ -9,7 +9,7 @@ import pandas as pd
 
 from posleak.experiments.evidence import Estimate, Says, percent_change
 from posleak.experiments.paper.claim import ClaimModule, quote
-from posleak.experiments.paper.plan import ROLES, SHOWN
+from posleak.experiments.paper.plan import SHOWN
 from posleak.experiments.paper.reproduction import SampleRuns
 from posleak.experiments.paper.verdict import EVIDENCE_COLUMNS, Judgement, judge
 from posleak.pipeline import AnalysisResult
@@ -73,12 +73,16 @@ class C5(ClaimModule):
         f"Replacing the BOS embedding removes about {PAPER_BOS_REMOVED:g}% of the residual-stream component at "
         "early queries."
     )
+    roles = ("bos",)
     criterion = C5_CRITERION
-    method = (
-        f"The embedding output at position 0 of {ROLES['bos'].model} replaced by the vocabulary mean, a random "
-        "vector of the same norm, or zeros, before the forward pass; same sequences as the baseline "
-        "(docs/method.md §9)."
-    )
+
+    @property
+    def method(self) -> str:  # the plan's BOS model, so not a class constant
+        return (
+            f"The embedding output at position 0 of {self.repro.plan.roles['bos'].name} replaced by the vocabulary "
+            "mean, a random vector of the same norm, or zeros, before the forward pass; same sequences as the "
+            "baseline (docs/method.md §9)."
+        )
 
     def judge(self, runs: SampleRuns, sample: str) -> Judgement:
         return claim_c5({kind: percent_change(runs.bos_baseline, new, "resid_early") for kind, new in runs.bos.items()})
@@ -95,6 +99,6 @@ class C5(ClaimModule):
 
     def figures(self, runs: SampleRuns) -> list[Path]:
         removed = {kind: removed_by_layer(runs.bos_baseline, new) for kind, new in runs.bos.items()}
-        title = f"Early residual-stream component removed by BOS replacement ({ROLES['bos'].model}, sample {SHOWN})"
+        title = f"Early residual-stream component removed by BOS replacement ({runs.roles['bos'].name}, sample {SHOWN})"
         path = self.repro.out.figure_path("c5_removed")
         return [figures.lines_by_run(removed, "removed", path, title=title, ylabel="removed (%)")]

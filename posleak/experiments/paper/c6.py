@@ -16,7 +16,7 @@ import torch
 from posleak.capture import CaptureSession, ResidualCapture
 from posleak.data.batches import TokenBatch, iter_batches, without_bos
 from posleak.experiments.paper.claim import ClaimModule, quote
-from posleak.experiments.paper.plan import FINGERPRINT_ROLES, ROLES, SAMPLES, SHOWN, RoleName
+from posleak.experiments.paper.plan import FINGERPRINT_ROLES, SAMPLES, SHOWN, RoleName
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
 from posleak.experiments.paper.verdict import Judgement, fact, judge
 from posleak.measure.position0 import fingerprint_constancy
@@ -73,7 +73,7 @@ def position0_states(loaded: LoadedModel, batch: TokenBatch, batch_size: int) ->
 
 def fingerprint_table(repro: Reproduction, role: RoleName, sample: str) -> pd.DataFrame:
     """`layer, fingerprint_cos_bos, fingerprint_cos_nobos` for the model of `role` and one sample."""
-    model = ROLES[role].model
+    model = repro.plan.roles[role].model
     loaded = repro.model(model)
     config = repro.config(role, seq_len=FINGERPRINT_SEQ_LEN, num_seqs=repro.plan.fingerprint_seqs, bos="on")
     with_bos = repro.sample(model, config, sample)
@@ -94,14 +94,15 @@ class C6(ClaimModule):
         "Attention sinks pass forward a deterministic fingerprint of the token at position 0: constant across "
         "inputs with an auto-prepended BOS, varying with the token otherwise."
     )
+    roles = FINGERPRINT_ROLES
     criterion = C6_CRITERION
     method = "Mean pairwise cosine similarity of h_0^(l) across inputs, per residual index l (docs/method.md §8)."
 
     def measure(self, runs: Mapping[str, SampleRuns]) -> None:
         """The fingerprint of each model, by model name, per sample."""
+        roles = self.repro.plan.roles
         self.fingerprints = {
-            s: {ROLES[role].model: fingerprint_table(self.repro, role, s) for role in FINGERPRINT_ROLES}
-            for s in SAMPLES
+            s: {roles[role].name: fingerprint_table(self.repro, role, s) for role in FINGERPRINT_ROLES} for s in SAMPLES
         }
 
     def judge(self, runs: SampleRuns, sample: str) -> Judgement:
@@ -116,7 +117,7 @@ class C6(ClaimModule):
         return []
 
     def against_paper(self, judgement: Judgement, runs: SampleRuns) -> str:
-        model = ROLES["sliding"].model
+        model = runs.roles["sliding"].name
         return (
             "The paper reports a fingerprint constant with a BOS and varying without; here the least cosine in "
             f"{model} is {quote(judgement, f'{model}: least cosine with BOS')} with a BOS and "

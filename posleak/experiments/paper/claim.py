@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
+from posleak.experiments.paper.plan import RoleName
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
 from posleak.experiments.paper.verdict import Judgement
 from posleak.pipeline import AnalysisResult
@@ -27,6 +28,7 @@ class ClaimModule(ABC):
     statement: ClassVar[str]
     criterion: ClassVar[str]
     method: ClassVar[str]
+    roles: ClassVar[tuple[RoleName, ...]]  # the roles whose models the claim reads (claims.json names them)
 
     def __init__(self, repro: Reproduction) -> None:
         self.repro = repro

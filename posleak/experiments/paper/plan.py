@@ -2,19 +2,24 @@
 
 A role is what a model stands for in the claims (the standard RoPE model, the sliding-window one, the one
 trained with a large base, the one whose BOS C5 replaces); the claims name roles, never models, so that
-changing a model here changes it everywhere.
+changing a model here changes it everywhere. `ROLES` is the built-in set, the default; a plan's `roles`
+(`posleak paper --models`, `--plan`: posleak.experiments.paper.models) may name any model for each.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Literal, get_args
 
 from posleak.device import Placement
+from posleak.experiments.batch import _safe
 
 SAMPLES = ("A", "B")
 SHOWN = "A"  # the sample whose figures, tables and numbers the report's text shows
 RoleName = Literal["standard", "large-base", "sliding", "bos"]
+ROLE_NAMES: tuple[RoleName, ...] = get_args(RoleName)
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,12 @@ class Role:
     folder: str
     key: str
     label: str
+
+    @property
+    def name(self) -> str:
+        """How the texts name the model: the last part of its spec (a folder's or a hub id's name), made safe for
+        a folder name; a built-in's own name. Resolved first, so that `.` or `../ckpt/` name their folder."""
+        return _safe(Path(self.model).expanduser().resolve().name) or "model"
 
 
 ROLES: dict[RoleName, Role] = {
@@ -39,11 +50,25 @@ ROLES: dict[RoleName, Role] = {
     "bos": Role("gemma3-270m", "gemma3-270m-bos", "gemma-bos", "gemma3-270m"),
 }
 FINGERPRINT_ROLES: tuple[RoleName, ...] = ("sliding", "standard")  # C6: the models whose h_0 is compared
+BOS_ROLES: tuple[RoleName, ...] = ("bos", *FINGERPRINT_ROLES)  # C5 replaces the BOS, C6 compares with and without
+
+
+def role_for(role: RoleName, model: str) -> Role:
+    """The model `model` in `role`: the built-in entry where it is that role's built-in model (so that its run
+    folders keep their names), else one named after the spec's last part (a folder's or a hub id's name), its
+    manifest key the role's name."""
+    if model == ROLES[role].model:
+        return ROLES[role]
+    name = Role(model, "", role, "").name
+    folder = f"{name}-bos" if role == "bos" else name
+    label = f"{name} (T > window)" if role == "sliding" else name
+    return Role(model, folder, role, label)
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Sizes of one reproduction, per sample (two disjoint samples); `--quick` fits in 15 minutes on 2 cores."""
+    """Sizes of one reproduction, per sample (two disjoint samples), and the model of each role (`roles`, with
+    per-role T and N in `sizes` where a plan file gives them); `--quick` fits in 15 minutes on 2 cores."""
 
     name: str
     seq_len: int
@@ -63,16 +88,20 @@ class Plan:
     cross_documents: bool = False
     provisional: bool = False  # small samples: the report says its verdicts are provisional
     placement: Placement = field(default_factory=Placement)  # device and dtype of every analysis (posleak.device)
+    roles: Mapping[RoleName, Role] = field(default_factory=lambda: dict(ROLES))  # the model of each role
+    sizes: Mapping[RoleName, tuple[int, int]] = field(default_factory=dict)  # per role, T and N in place of below
 
     def size(self, role: RoleName) -> tuple[int, int]:
-        """T and N (per sample) of the analyses of `role`."""
+        """T and N (per sample) of the analyses of `role`: its own where `sizes` has them, else the plan's; the
+        BOS role's follow the standard one's (C5 reads early queries only, so T need not exceed a window)."""
+        if role in self.sizes:
+            return self.sizes[role]
         sizes: dict[RoleName, tuple[int, int]] = {
             "standard": (self.seq_len, self.num_seqs),
             "large-base": (self.seq_len, self.qwen_num_seqs),
             "sliding": (self.gemma_seq_len, self.gemma_num_seqs),
-            "bos": (self.seq_len, self.num_seqs),
         }
-        return sizes[role]
+        return self.size("standard") if role == "bos" else sizes[role]
 
 
 QUICK = Plan(

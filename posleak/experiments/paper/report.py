@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
+from posleak.experiments.paper.plan import SHOWN
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
 from posleak.experiments.paper.verdict import Claim, Judgement
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
@@ -48,6 +49,25 @@ def section(claim: Claim, provisional: str) -> Section:
     )
 
 
+def models_section(repro: Reproduction, runs: SampleRuns) -> Section:
+    """Which model played each role, at what size, with the weights' hash its baseline analysis recorded."""
+    models = runs.models()
+    table = pd.DataFrame(
+        [
+            {
+                "role": role,
+                "model": used["spec"],
+                "T": repro.plan.size(role)[0],
+                "N per sample": repro.plan.size(role)[1],
+                "weights SHA-256": used["sha256"],
+            }
+            for role, used in models.items()
+        ]
+    )
+    text = "The model of each role the claims read (`posleak paper --models`, `--plan`; docs/method.md §13)."
+    return Section("Models", text, tables=[TableBlock("Models by role", table, max_rows=None)])
+
+
 def write_outputs(repro: Reproduction, claims: Sequence[Claim], runs: Mapping[str, SampleRuns]) -> None:
     """claims.json, then report.html and the manifest (every shared run folder, the plan, the verdicts)."""
     out = repro.out
@@ -61,6 +81,7 @@ def write_outputs(repro: Reproduction, claims: Sequence[Claim], runs: Mapping[st
         "model": {"id": "paper reproduction"},
         "plan": dataclasses.asdict(repro.plan),
         "runs": folders,
+        "models": runs[SHOWN].models(),
         "verdicts": {c.claim: c.verdict for c in claims},
         "samples": {c.claim: {s: j.verdict for s, j in c.samples.items()} for c in claims},
     }
@@ -69,6 +90,6 @@ def write_outputs(repro: Reproduction, claims: Sequence[Claim], runs: Mapping[st
         if repro.plan.provisional
         else ""
     )
-    sections = [section(c, provisional) for c in claims]
+    sections = [models_section(repro, runs[SHOWN]), *(section(c, provisional) for c in claims)]
     render_report(out, f"posleak: reproduction of arXiv 2606.06160 ({repro.plan.name})", sections, manifest=manifest)
     out.write_manifest(manifest)

@@ -8,14 +8,14 @@ drawn once and split in halves (posleak.experiments.batch).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from posleak.data.batches import TokenBatch
 from posleak.experiments.batch import AnalysisJob, ModelCache, draw_sequences, run_analyses
-from posleak.experiments.paper.plan import ROLES, SAMPLES, Plan, RoleName
+from posleak.experiments.paper.plan import SAMPLES, Plan, Role, RoleName
 from posleak.intervene import Interventions
 from posleak.models.load import LoadedModel
 from posleak.pipeline import AnalysisResult, AnalyzeConfig
@@ -43,17 +43,7 @@ class Reproduction:
 
     def config(self, role: RoleName, **changes: Any) -> AnalyzeConfig:
         """The analysis of one sample of the model of `role` (num_seqs per sample)."""
-        plan = self.plan
-        seq_len, num_seqs = plan.size(role)
-        base = AnalyzeConfig(
-            seq_len=seq_len,
-            num_seqs=num_seqs,
-            batch_size=plan.batch_size,
-            bootstrap=plan.bootstrap,
-            cross_documents=plan.cross_documents,
-            **plan.placement.to_dict(),
-        )
-        return dataclasses.replace(base, **changes)
+        return analysis_config(self.plan, role, **changes)
 
     def job(self, name: str, model: str, config: AnalyzeConfig, sample: str) -> AnalysisJob:
         """Analysis `name` of `model` on sample A or B (the first or second half of 2·num_seqs sequences drawn
@@ -71,6 +61,20 @@ class Reproduction:
         )
 
 
+def analysis_config(plan: Plan, role: RoleName, **changes: Any) -> AnalyzeConfig:
+    """The analysis of one sample of the model of `role` under `plan` (num_seqs per sample)."""
+    seq_len, num_seqs = plan.size(role)
+    base = AnalyzeConfig(
+        seq_len=seq_len,
+        num_seqs=num_seqs,
+        batch_size=plan.batch_size,
+        bootstrap=plan.bootstrap,
+        cross_documents=plan.cross_documents,
+        **plan.placement.to_dict(),
+    )
+    return dataclasses.replace(base, **changes)
+
+
 @dataclass(frozen=True)
 class Analysis:
     """One shared analysis: the model of `role` under `interventions`, into OUT/runs/FOLDER-SAMPLE; `key` names
@@ -85,7 +89,8 @@ class Analysis:
 def shared_analyses(plan: Plan) -> list[Analysis]:
     """The analyses that need nothing else, in the order they run: every baseline, the standard model under each
     NTK factor (C4), the BOS baseline and its replacements (C5)."""
-    standard, bos = ROLES["standard"], ROLES["bos"]
+    roles = plan.roles
+    standard, bos = roles["standard"], roles["bos"]
     ntk = [
         Analysis(_ntk_key(k), "standard", f"{standard.folder}-ntk{k:g}", Interventions(rope_scaling=f"ntk:{k:g}"))
         for k in plan.ntk_factors
@@ -93,7 +98,7 @@ def shared_analyses(plan: Plan) -> list[Analysis]:
     replaced = [
         Analysis(_bos_key(kind), "bos", f"{bos.folder}-{kind}", Interventions(replace_bos=kind)) for kind in BOS_KINDS
     ]
-    plain = {role: Analysis(ROLES[role].key, role, ROLES[role].folder) for role in ROLES}
+    plain = {role: Analysis(roles[role].key, role, roles[role].folder) for role in roles}
     return [plain["standard"], *ntk, plain["large-base"], plain["sliding"], plain["bos"], *replaced]
 
 
@@ -116,27 +121,40 @@ class SampleRuns:
     bos_baseline: AnalysisResult
     bos: dict[str, AnalysisResult]  # the BOS replacements, by kind
     keys: tuple[str, ...]  # the manifest key of every run of `all()`, in its order
+    roles: Mapping[RoleName, Role]  # the model of each role (the plan's)
 
     def all(self) -> list[AnalysisResult]:
         """Every shared analysis of the sample, in the order they ran."""
         ntk, bos = list(self.ntk.values()), list(self.bos.values())
         return [self.standard, *ntk, self.large_base, self.sliding, self.bos_baseline, *bos]
 
+    def by_role(self) -> dict[RoleName, AnalysisResult]:
+        """The baseline analysis of each role's model."""
+        return {
+            "standard": self.standard,
+            "large-base": self.large_base,
+            "sliding": self.sliding,
+            "bos": self.bos_baseline,
+        }
+
+    def models(self) -> dict[RoleName, dict[str, str]]:
+        """Per role, the model's spec and the SHA-256 of its weights as its baseline analysis recorded them."""
+        return {
+            role: {"spec": self.roles[role].model, "sha256": result.manifest["model"]["sha256"]}
+            for role, result in self.by_role().items()
+        }
+
     def named(self) -> Iterator[tuple[str, AnalysisResult]]:
         return zip(self.keys, self.all(), strict=True)
 
     def baselines(self) -> dict[str, AnalysisResult]:
         """The three pretrained models, by the label the evidence gives them (C1, C2, C4)."""
-        results: dict[RoleName, AnalysisResult] = {
-            "standard": self.standard,
-            "large-base": self.large_base,
-            "sliding": self.sliding,
-        }
-        return {ROLES[role].label: result for role, result in results.items()}
+        roles: tuple[RoleName, ...] = ("standard", "large-base", "sliding")
+        return {self.roles[role].label: self.by_role()[role] for role in roles}
 
     def ntk_variants(self) -> dict[str, AnalysisResult]:
         """The standard model under each NTK factor, labelled `MODEL ntk:K`."""
-        return {f"{ROLES['standard'].label} ntk:{k:g}": result for k, result in self.ntk.items()}
+        return {f"{self.roles['standard'].label} ntk:{k:g}": result for k, result in self.ntk.items()}
 
     @property
     def largest_ntk(self) -> AnalysisResult:
@@ -145,11 +163,11 @@ class SampleRuns:
 
 def run_shared(repro: Reproduction) -> dict[str, SampleRuns]:
     """Run (or read back) every shared analysis on both samples; sample A's first, then B's."""
-    analyses = shared_analyses(repro.plan)
+    analyses, roles = shared_analyses(repro.plan), repro.plan.roles
     jobs = [
         repro.job(
             a.folder,
-            ROLES[a.role].model,
+            roles[a.role].model,
             repro.config(a.role, interventions=a.interventions),
             sample,
         )
@@ -161,12 +179,13 @@ def run_shared(repro: Reproduction) -> dict[str, SampleRuns]:
     for sample in SAMPLES:
         by_key = {a.key: next(results) for a in analyses}
         runs[sample] = SampleRuns(
-            standard=by_key[ROLES["standard"].key],
+            standard=by_key[roles["standard"].key],
             ntk={k: by_key[_ntk_key(k)] for k in repro.plan.ntk_factors},
-            large_base=by_key[ROLES["large-base"].key],
-            sliding=by_key[ROLES["sliding"].key],
-            bos_baseline=by_key[ROLES["bos"].key],
+            large_base=by_key[roles["large-base"].key],
+            sliding=by_key[roles["sliding"].key],
+            bos_baseline=by_key[roles["bos"].key],
             bos={kind: by_key[_bos_key(kind)] for kind in BOS_KINDS},
             keys=tuple(f"{a.key}-{sample}" for a in analyses),
+            roles=roles,
         )
     return runs

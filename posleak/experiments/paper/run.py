@@ -14,6 +14,7 @@ from posleak.experiments.paper.c4 import C4
 from posleak.experiments.paper.c5 import C5
 from posleak.experiments.paper.c6 import C6
 from posleak.experiments.paper.claim import ClaimModule
+from posleak.experiments.paper.models import role_problems
 from posleak.experiments.paper.plan import QUICK, SAMPLES, SHOWN, Plan
 from posleak.experiments.paper.report import write_outputs
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns, run_shared
@@ -37,8 +38,7 @@ def reproduce(
     `backend`: "local" runs the analyses and lab trials here one after another; "ray" runs each as a Ray task
     (posleak.experiments.batch), on a local cluster or the one at `address`, in two waves: every analysis that
     needs nothing else, then C3's ablations (their heads come from the baselines of the first wave)."""
-    problems = out_folder_problems(out) + plan.placement.problems() + backend_problems(backend)
-    if problems:
+    if problems := reproduction_problems(out, plan, backend):
         raise BadInput(problems)
     repro = Reproduction(Path(out), plan, progress, backend, address)
     runs = run_shared(repro)
@@ -48,6 +48,13 @@ def reproduce(
     claims = judged(repro, modules, runs)
     write_outputs(repro, claims, runs)
     return claims
+
+
+def reproduction_problems(out: Path | str, plan: Plan, backend: str = "local") -> list[str]:
+    """Every problem that stops `reproduce`, found before any work: the output folder, the placement, the
+    backend, and the models in their roles (from their configs and tokenizers, posleak.experiments.paper.models)."""
+    problems = out_folder_problems(out) + plan.placement.problems() + backend_problems(backend)
+    return problems + role_problems(plan)
 
 
 def judged(repro: Reproduction, modules: Sequence[ClaimModule], runs: Mapping[str, SampleRuns]) -> list[Claim]:
@@ -70,7 +77,9 @@ def judged(repro: Reproduction, modules: Sequence[ClaimModule], runs: Mapping[st
             for module in modules:
                 if module.name in set(behaviour["claim"]):
                     shown[module.name].append(behaviour_block(behaviour, module.name, sample))
+    models = runs[SHOWN].models()
     for module, claim in zip(modules, claims, strict=True):
+        claim.models = {role: models[role] for role in module.roles}
         claim.tables = shown[module.name]
         claim.paper = module.against_paper(claim.samples[SHOWN], runs[SHOWN])
         claim.figures = module.figures(runs[SHOWN])

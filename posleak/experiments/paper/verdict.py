@@ -47,6 +47,7 @@ class Claim:
     method: str
     paper: str = ""  # one sentence: the measured effect against the paper's
     numbers: dict[str, Any] = field(default_factory=dict)
+    models: dict[str, dict[str, str]] = field(default_factory=dict)  # per role it reads: spec and weights' SHA-256
     figures: list[Path] = field(default_factory=list)
     tables: list[TableBlock] = field(default_factory=list)
 
@@ -64,6 +65,7 @@ class Claim:
                 for name, j in self.samples.items()
             },
             "numbers": self.numbers,
+            "models": self.models,
         }
 
 

@@ -1,0 +1,255 @@
+"""Which model plays each role of `posleak paper`, and every check of that choice before any work.
+
+The models come from `--models ROLE=MODEL,...` and from a plan file (`--plan PLAN.yaml`, read with the
+project's one spec-file reader); `--models` wins over the file, and both over the built-in set (plan.ROLES).
+A plan file holds two sections, both optional:
+
+    roles:                                  # per role: the model, or the model and its T and N per sample
+      standard: {model: /ckpt/Llama-3.1-8B, seq_len: 2048, num_seqs: 8}
+      sliding: /ckpt/Mistral-7B-v0.1        # the plan's T and N for the role
+    base:                                   # the plan's other sizes (names of `Plan` fields)
+      ntk_factors: [4, 16]
+      bootstrap: 200
+
+The "bos" role (C5: whose BOS embedding is replaced) follows the "sliding" model unless named itself: the
+built-in set gives both to gemma3-270m, C5's replacements being measured on the sliding-window model at the
+standard T (its early queries never reach the window), so naming `sliding=X` moves C5 to X as well.
+
+The checks read each model's config and tokenizer only (`ModelFacts`), never its weights, so that a wrong
+assignment is refused in seconds, one line per problem: an unknown role, a malformed entry, a model that does
+not exist or will not load, a sliding model without a window shorter than its T, a model whose maximum
+positions are shorter than its T, a model of a BOS-needing claim (C5, C6) whose tokenizer has no BOS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from posleak.errors import PosleakError
+from posleak.experiments.paper.plan import BOS_ROLES, ROLE_NAMES, Plan, RoleName, role_for
+from posleak.experiments.paper.reproduction import analysis_config
+from posleak.models.builtin import ZOO
+from posleak.models.facts import ModelFacts
+from posleak.models.load import _HUB_ID, _load_error, _resolve
+from posleak.store.specfile import SpecFormat
+from posleak.validate import Problems
+
+SIZE_KEYS = ("seq_len", "num_seqs")
+# The plan's sizes a file's `base` may set, by the kind of value each takes.
+COUNTS = (
+    "control_draws",
+    "fingerprint_seqs",
+    "bootstrap",
+    "lab_steps",
+    "lab_seq_len",
+    "lab_analyze_seqs",
+    "batch_size",
+)
+LISTS = {"ntk_factors": float, "lab_seeds": int}
+PLAN_FILE = SpecFormat(
+    kind="paper plan",
+    short="plan",
+    owner="paper plan",
+    module="posleak/experiments/paper/models.py",
+    sections=("roles", "base"),
+    options=frozenset([*COUNTS, *LISTS, "name", "cross_documents"]),
+    options_hint=f"use {', '.join(sorted([*COUNTS, *LISTS, 'name', 'cross_documents']))}",
+)
+
+
+def paper_plan(start: Plan, models: str | None = None, plan_file: str | Path | None = None) -> tuple[Plan, list[str]]:
+    """`start` with the models (and sizes) of `plan_file` and `models` (ROLE=MODEL,...), and every problem of
+    those two texts, one line each (an entry with a problem is left out of the plan). Reads no model."""
+    problems = Problems()
+    chosen: dict[RoleName, str] = {}
+    sizes: dict[RoleName, tuple[int, int]] = {}
+    base: dict[str, Any] = {}
+    if plan_file is not None:
+        with problems.collecting():
+            chosen, sizes, base = _read_plan_file(Path(plan_file), start, problems)
+    if models is not None:
+        chosen |= _parse_models(models, problems)
+    if "sliding" in chosen and "bos" not in chosen:
+        chosen["bos"] = chosen["sliding"]  # the BOS role follows the sliding model (module docstring)
+    roles = {role: role_for(role, chosen[role]) if role in chosen else start.roles[role] for role in ROLE_NAMES}
+    plan = dataclasses.replace(start, **base, roles=roles, sizes={**start.sizes, **sizes})
+    return plan, problems.found
+
+
+def _parse_models(text: str, problems: Problems) -> dict[RoleName, str]:
+    """`--models ROLE=MODEL,...`: the model of each role named."""
+    chosen: dict[RoleName, str] = {}
+    for entry in text.split(","):
+        role, sep, model = (part.strip() for part in entry.partition("="))
+        if not sep or not role or not model:
+            problems.add(f"--models: {entry.strip()!r} is not ROLE=MODEL (roles: {', '.join(ROLE_NAMES)})")
+        elif role not in ROLE_NAMES:
+            problems.add(f"--models: unknown role {role!r}; the roles are {', '.join(ROLE_NAMES)}")
+        elif role in chosen:
+            problems.add(f"--models: role {role!r} is named twice; give each role one model")
+        else:
+            chosen[role] = model
+    return chosen
+
+
+def _read_plan_file(
+    path: Path, start: Plan, problems: Problems
+) -> tuple[dict[RoleName, str], dict[RoleName, tuple[int, int]], dict[str, Any]]:
+    """A plan file's models, per-role sizes and other sizes; its problems in `problems` (a file that is not a
+    plan file raises)."""
+    raw = PLAN_FILE.read(path)
+    PLAN_FILE.check_sections(raw)
+    roles, base = raw.get("roles") or {}, raw.get("base") or {}
+    if not isinstance(roles, dict):
+        raise PosleakError(f"paper plan '{path}': roles must map each role to a model or {{model, seq_len, num_seqs}}")
+    if not isinstance(base, dict):
+        raise PosleakError(f"paper plan '{path}': base must map Plan fields to values (ntk_factors: [4, 16], ...)")
+    base, _ = PLAN_FILE.base_and_grid({"base": base})
+    chosen: dict[RoleName, str] = {}
+    sizes: dict[RoleName, tuple[int, int]] = {}
+    for role, entry in roles.items():
+        if role not in ROLE_NAMES:
+            problems.add(f"paper plan '{path}': unknown role {role!r}; the roles are {', '.join(ROLE_NAMES)}")
+            continue
+        entry = {"model": entry} if isinstance(entry, str) else entry
+        if not isinstance(entry, dict) or set(entry) - {"model", *SIZE_KEYS}:
+            problems.add(f"paper plan '{path}': role {role!r} must be a model or a mapping of model, seq_len, num_seqs")
+            continue
+        if "model" in entry:
+            chosen[role] = str(entry["model"])
+        if set(SIZE_KEYS) & set(entry):
+            seq_len, num_seqs = start.size(role)
+            size = (entry.get("seq_len", seq_len), entry.get("num_seqs", num_seqs))
+            if all(_is_count(v) for v in size):
+                sizes[role] = size
+            else:
+                problems.add(f"paper plan '{path}': role {role!r}: seq_len and num_seqs must be whole numbers ≥ 1")
+    return chosen, sizes, _checked_base(path, base, problems)
+
+
+def _checked_base(path: Path, base: dict[str, Any], problems: Problems) -> dict[str, Any]:
+    """The `base` options of a plan file with values of their kind (lists become tuples); the others refused."""
+    values: dict[str, Any] = {}
+    for key, value in base.items():
+        if key in LISTS:
+            kind = LISTS[key]
+            ok = isinstance(value, list) and bool(value) and all(_is_number(v, kind) for v in value)
+            value = tuple(kind(v) for v in value) if ok else value
+        elif key == "name":
+            ok = isinstance(value, str) and bool(value)
+        elif key == "cross_documents":
+            ok = isinstance(value, bool)
+        else:
+            ok = _is_count(value)
+        if ok:
+            values[key] = value
+        else:
+            problems.add(f"paper plan '{path}': base {key} = {value!r} is not {_kind_of(key)}")
+    return values
+
+
+def _kind_of(key: str) -> str:
+    if key in LISTS:
+        return f"a non-empty list of {'numbers > 0' if LISTS[key] is float else 'whole numbers ≥ 0'}"
+    return {"name": "a name", "cross_documents": "true or false"}.get(key, "a whole number ≥ 1")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _is_number(value: Any, kind: type) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return value > 0 if kind is float else isinstance(value, int) and value >= 0
+
+
+def role_problems(plan: Plan) -> list[str]:
+    """Every problem of the plan's models in their roles, from their configs and tokenizers (no weights): the
+    models are read side by side (a large tokenizer takes seconds to parse), each once."""
+    problems = Problems()
+    specs = list(dict.fromkeys(plan.roles[role].model for role in ROLE_NAMES))
+    with ThreadPoolExecutor(len(specs)) as pool:
+        facts = dict(zip(specs, pool.map(_facts_or_problems, specs), strict=True))
+    folders: dict[str, RoleName] = {}
+    reported: set[str] = set()
+    for role in ROLE_NAMES:
+        spec, folder = plan.roles[role].model, plan.roles[role].folder
+        if folder in folders:
+            problems.add(
+                f"roles {folders[folder]} and {role} would share the run folders runs/{folder}-A and -B; "
+                "give them models with different names"
+            )
+        folders.setdefault(folder, role)
+        seq_len, num_seqs = plan.size(role)
+        options = analysis_config(plan, role).problems(seq_len, num_seqs)
+        problems.extend([f"{role} (T = {seq_len}, N = {num_seqs}): {p}" for p in options])
+        known = facts[spec]
+        if isinstance(known, ModelFacts):
+            problems.extend(_fact_problems(role, spec, known, seq_len))
+        elif spec not in reported:  # the model's own problems, once (under the first role that names it)
+            reported.add(spec)
+            problems.extend([f"{role} model {spec}: {p}" for p in known])
+    return problems.found
+
+
+def _facts_or_problems(spec: str) -> ModelFacts | list[str]:
+    found = Problems()
+    with found.collecting():
+        return read_facts(spec)
+    return found.found
+
+
+def _fact_problems(role: RoleName, spec: str, facts: ModelFacts, seq_len: int) -> list[str]:
+    """What stops `spec` (facts `facts`) from playing `role` at T = `seq_len`."""
+    found = []
+    if facts.max_positions is not None and facts.max_positions < seq_len:
+        found.append(
+            f"{role} model {spec}: its maximum positions ({facts.max_positions}) are shorter than its T = {seq_len}; "
+            f"give the role a shorter seq_len in the plan file, or another model"
+        )
+    window = facts.sliding_window
+    if role == "sliding" and window is None:
+        found.append(
+            f"sliding model {spec}: has no sliding window (every layer attends to all earlier keys); the sliding "
+            f"role needs a model with a window shorter than its T = {seq_len}"
+        )
+    elif role == "sliding" and window is not None and window >= seq_len:
+        found.append(
+            f"sliding model {spec}: its sliding window W = {window} is not shorter than its T = {seq_len}, so the "
+            f"window never acts; give the role a seq_len above {window} in the plan file"
+        )
+    if role in BOS_ROLES and facts.bos_token_id is None:
+        claim = "C5 replaces its BOS" if role == "bos" else "C6 compares its h_0 with and without a BOS"
+        found.append(f"{role} model {spec}: its tokenizer has no BOS token, and {claim}; give the role another model")
+    return found
+
+
+def read_facts(spec: str, trust_remote_code: bool = False) -> ModelFacts:
+    """The `ModelFacts` of `spec` (what `posleak analyze` takes) from its config and tokenizer, without its
+    weights: seconds even for a 70B checkpoint. A hub id reads only those files from the hub."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from posleak.models import zoo
+    from posleak.models.lab.model import register_lab_model
+
+    if spec in ZOO:
+        if not zoo.is_fetched(spec):
+            raise PosleakError(f"model {spec!r} is not fetched; run `posleak fetch {spec}`")
+        source, gguf = str(zoo.model_dir(spec)), None
+    elif Path(spec).expanduser().exists() or not _HUB_ID.match(spec):
+        folder, gguf = _resolve(spec, trust_remote_code)  # a folder or file here (no download), or the refusal
+        source = str(folder)
+    else:
+        source, gguf = spec, None
+    register_lab_model()  # a lab checkpoint folder's config (model_type posleak_lab)
+    where = {"gguf_file": gguf} if gguf else {}
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **where)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **where)
+    except (OSError, ValueError) as err:
+        raise _load_error(spec, err) from None
+    return ModelFacts.read(config, tokenizer)
