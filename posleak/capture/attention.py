@@ -140,7 +140,9 @@ def _attend_captured(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A captured call's output and log Z over the keys (no sink yet), fused where a kernel allows; with
     `with_keys` the output carries the attention-weighted keys after the values."""
-    if softcap is None and norm == "softmax" and _has_fused_kernel(query.device):
+    # the fused kernels want one head size for q, k and v (MiMo-V2-Flash's values are narrower than its keys)
+    same_size = query.shape[-1] == value.shape[-1]
+    if softcap is None and norm == "softmax" and same_size and _has_fused_kernel(query.device):
         if with_keys:
             # The fused kernels want one head size: zero-padding q and k keeps every logit.
             pad = (0, value.shape[-1])
