@@ -10,14 +10,18 @@ writes docs/families.md from the results; otherwise the last test checks that fi
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
+from cli import assert_one_line_error, run_main
 from harness import EARLY, token_batch
 from reference import LogitRecorder, assert_close, grid_edges, table_errors
-from tiny import FAMILY_WINDOW, family_model
+from tiny import FAMILY_WINDOW, family_model, tiny_tokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from posleak.capture import CaptureSession, QueryStats, use_posleak_attention
@@ -27,6 +31,7 @@ T, N = 3 * FAMILY_WINDOW, 6  # longer than every sliding window
 DOC = Path(__file__).resolve().parents[1] / "docs" / "families.md"
 
 _MLA = dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8)
+_LLAMA4 = {"no_rope_layers": [1, 1, 0], "attention_chunk_size": 3 * FAMILY_WINDOW}
 # type → (special case, the type's own config overrides); types not here are plain pre-norm RoPE decoders.
 SPECIAL: dict[str, tuple[str, dict]] = {
     "deepseek_v2": ("MLA with a decoupled rotary part; MoE MLP", {**_MLA, "v_head_dim": 16}),
@@ -41,9 +46,9 @@ SPECIAL: dict[str, tuple[str, dict]] = {
     "gpt_oss": ("learned sink logits; sliding layers; MoE MLP", {}),
     "gemma2": ("soft-capped logits; sliding layers", {}),
     "gemma3_text": ("sliding layers with their own RoPE base", {}),
-    "smollm3": ("NoPE layers", {}),
-    "cohere2": ("sliding layers; NoPE global layers", {}),
-    "llama4_text": ("NoPE layers; MoE MLP (chunk wider than T)", {}),
+    "smollm3": ("NoPE layers", {"no_rope_layers": [1, 1, 0]}),
+    "cohere2": ("sliding layers; NoPE global layers", {"layer_types": [*["sliding_attention"] * 2, "full_attention"]}),
+    "llama4_text": ("NoPE global layers; MoE MLP; chunked layers (chunks of T, shorter ones refused)", _LLAMA4),
     "mistral": ("sliding window", {}),
     "mixtral": ("MoE MLP; sliding window", {}),
     "qwen2_moe": ("MoE MLP with a shared expert", {}),
@@ -177,6 +182,46 @@ def test_family_matches_eager_and_the_brute_force(model_type: str) -> None:
     errors = table_errors(result.per_head, result.per_layer, result.profiles, result.offset_map, recorder, EARLY, edges)
     assert_close(errors, 1e-5)
     _RESULTS[model_type] = max(state_error, *errors.values())
+
+
+def _checkpoint(folder: Path, model_type: str, overrides: dict) -> Path:
+    """A tiny model of `model_type` and the tiny word-level tokenizer, saved as a real checkpoint folder."""
+    family_model(model_type, overrides).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def _token_file(path: Path) -> Path:
+    np.save(path, torch.randint(3, 96, (N, T), generator=torch.Generator().manual_seed(1)).numpy())
+    return path
+
+
+@pytest.mark.parametrize(
+    ("model_type", "overrides", "needle"),
+    [
+        ("jamba", {}, "no attention layer among its 3 decoder layers (JambaMambaMixer)"),
+        ("llama4_text", {"attention_chunk_size": FAMILY_WINDOW}, f"chunked attention of {FAMILY_WINDOW} positions"),
+    ],
+)
+def test_what_posleak_cannot_measure_is_refused_before_the_forward(
+    model_type: str, overrides: dict, needle: str, tmp_path: Path
+) -> None:
+    """Jamba at 3 layers places its one attention layer at index 4; Llama 4's chunks shorter than T."""
+    folder, out = _checkpoint(tmp_path / "model", model_type, overrides), tmp_path / "run"
+    proc = run_main("analyze", str(folder), "--tokens", str(_token_file(tmp_path / "ids.npy")), "--out", str(out))
+    assert_one_line_error(proc, needle)
+    assert not out.exists()
+
+
+def test_a_hybrid_lists_its_skipped_layers_in_the_manifest_and_report(tmp_path: Path) -> None:
+    """Jamba with attention at odd layers (period 2, offset 1): layers 0 and 2 are mamba, from its config."""
+    folder, out = _checkpoint(tmp_path / "model", "jamba", SPECIAL["jamba"][1]), tmp_path / "run"
+    proc = run_main("analyze", str(folder), "--tokens", str(_token_file(tmp_path / "ids.npy")), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["skipped_layers"] == dict.fromkeys(["0", "2"], "JambaMambaMixer, not attention")
+    assert pd.read_parquet(out / "per_layer.parquet")["layer"].tolist() == [1]
+    assert "layer 0: JambaMambaMixer, not attention" in (out / "report.html").read_text()
 
 
 def _doc() -> str:

@@ -72,6 +72,7 @@ def posleak_attention(
 ) -> tuple[torch.Tensor, None]:
     """The AttentionInterface signature: q (B, H, T, D), k and v (B, KV, T, D) → (B, T, H, Dv)."""
     _refuse_unsupported(query, key, attention_mask)
+    _refuse_short_chunks(module, query.shape[-2])
     session = active_session()
     scaling = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
     norm = str(kwargs.get("posleak_norm", "softmax"))
@@ -126,6 +127,21 @@ def _refuse_unsupported(query: torch.Tensor, key: torch.Tensor, attention_mask: 
         )
     if query.shape[-2] != key.shape[-2]:
         raise PosleakError("posleak analyses whole sequences in one forward; disable the KV cache (use_cache=False)")
+
+
+def _refuse_short_chunks(module: torch.nn.Module, seq_len: int) -> None:
+    """Llama 4's chunked layers see only their own chunk of keys, a mask posleak does not build: refuse where a
+    chunk is shorter than the sequence rather than attend over keys the model would not see."""
+    config = getattr(module, "config", None)
+    types = getattr(config, "layer_types", None) or []
+    layer = getattr(module, "layer_idx", None)
+    if isinstance(layer, int) and layer < len(types) and types[layer] == "chunked_attention":
+        chunk = getattr(config, "attention_chunk_size", None)
+        if chunk is not None and chunk < seq_len:
+            raise PosleakError(
+                f"layer {layer} uses chunked attention of {chunk} positions, shorter than the sequence ({seq_len}); "
+                "posleak does not build chunked masks"
+            )
 
 
 def _attend_captured(

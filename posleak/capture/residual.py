@@ -51,6 +51,21 @@ def decoder_layers(model: PreTrainedModel) -> nn.ModuleList:
     )
 
 
+def skipped_layers(model: PreTrainedModel) -> dict[int, str]:
+    """The decoder blocks without attention over positions (a hybrid's mamba, convolution or linear-attention
+    layers), by layer index: "mamba, not attention". transformers' attention modules declare `is_causal`;
+    its mixers of other kinds do not."""
+    skipped = {}
+    for index, block in enumerate(decoder_layers(model)):
+        if not any(hasattr(module, "is_causal") for module in block.modules()):
+            kinds = [type(module).__name__ for module in block.children()]
+            mixer = next(
+                (kind for kind in kinds if not kind.endswith(("Norm", "MLP", "RMSNorm"))), type(block).__name__
+            )
+            skipped[index] = f"{mixer}, not attention"
+    return skipped
+
+
 class ResidualCapture:
     """Keeps h_i^(l) at `positions` for `layers` (indices into resid, default all) over every forward
     run inside the `with` block. `states()` gives a tensor (layers, N, positions, d)."""
