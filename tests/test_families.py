@@ -30,11 +30,21 @@ from posleak.pipeline import AnalyzeConfig, analyze_model
 T, N = 3 * FAMILY_WINDOW, 6  # longer than every sliding window
 DOC = Path(__file__).resolve().parents[1] / "docs" / "families.md"
 
-_MLA = dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8)
+_MLA = dict(
+    num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16
+)
 _LLAMA4 = {"no_rope_layers": [1, 1, 0], "attention_chunk_size": 3 * FAMILY_WINDOW}
 # type → (special case, the type's own config overrides); types not here are plain pre-norm RoPE decoders.
 SPECIAL: dict[str, tuple[str, dict]] = {
-    "deepseek_v2": ("MLA with a decoupled rotary part; MoE MLP", {**_MLA, "v_head_dim": 16}),
+    "deepseek_v2": ("MLA with a decoupled rotary part; MoE MLP", _MLA),
+    "deepseek_v3": (
+        "MLA with a decoupled rotary part; MoE MLP",
+        {**_MLA, "head_dim": 8, "n_group": 1, "topk_group": 1},
+    ),
+    "minicpm3": ("MLA with a decoupled rotary part", _MLA),
+    "glm4_moe_lite": ("MLA with a decoupled rotary part; MoE MLP", _MLA),
+    "youtu": ("MLA with a decoupled rotary part", {**_MLA, "head_dim": 8}),
+    "sarvam_mla": ("MLA with a decoupled rotary part; MoE MLP", _MLA),
     "gptj": ("parallel attention and MLP block; partial rotary", {"rotary_dim": 8}),
     "codegen": ("parallel attention and MLP block; partial rotary", {"rotary_dim": 8}),
     "phi": ("partial rotary; parallel block", {}),
@@ -101,13 +111,14 @@ LISTED: dict[str, str] = {
     "deepseek_v4": _LEFT + "its decoder blocks return several residual streams (hyper-connections)",
     "dory": _LEFT + "its decoder blocks return several residual streams (hyper-connections)",
     "diffllama": _LEFT + "differential attention: two softmax maps per layer, posleak measures one",
+    "longcat_flash": _LEFT
+    + "its attention module (LongcatFlashMLA) is not found by the test's count of attention layers",
     "hrm_text": _LEFT + "recurrent reasoning stacks call each block several times per forward",
     "doge": _LEFT + "passes an attention mask of its own; posleak refuses it",
     "inkling2_text": _LEFT + "its attention meets a cache of keys; posleak refuses it",
     "inkling2_loop_text": _LEFT + "its attention meets a cache of keys; posleak refuses it",
     **dict.fromkeys(
-        "deepseek_v3 deepseek_v32 glm4_moe_lite glm_moe_dsa minicpm3 sarvam_mla longcat_flash youtu axk1 axk2 "
-        "bailing_hybrid".split(),
+        "deepseek_v32 glm_moe_dsa axk1 axk2 bailing_hybrid".split(),
         _LEFT + "MLA sizes of a tiny config not found yet (a head-size mismatch)",
     ),
     **dict.fromkeys(
