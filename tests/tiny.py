@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
+    CONFIG_MAPPING,
+    AutoModelForCausalLM,
     Gemma2Config,
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
@@ -67,6 +69,42 @@ def tiny_model(family: str, seed: int = 0, window: int = WINDOW) -> PreTrainedMo
 
 
 FAMILIES = ["llama", "qwen2", "mistral", "gemma3", "gemma2", "gpt_oss"]
+
+# ------------------------------------------------------------------ any model type of transformers' causal-LM mapping
+
+# Set where the model type's config has the attribute: small shapes, few experts, a window shorter than the
+# family tests' length, and a pad id inside the small vocabulary (SmolLM3 and GLM default to one beyond it).
+_ANY_TYPE = dict(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    num_experts=4,
+    num_local_experts=4,
+    n_routed_experts=4,
+    moe_intermediate_size=32,
+    num_experts_per_tok=2,
+    sliding_window=8,
+    max_position_embeddings=128,
+)
+FAMILY_WINDOW = _ANY_TYPE["sliding_window"]
+
+
+def family_model(model_type: str, overrides: dict | None = None, seed: int = 0) -> PreTrainedModel:
+    """A float32, eval-mode causal LM of any `model_type` of transformers' causal-LM mapping, built from its own
+    config class at the tiny sizes above (those its config has) and `overrides` (the type's own attributes)."""
+    config_class = CONFIG_MAPPING[model_type]
+    defaults = config_class()
+    sizes = {name: value for name, value in _ANY_TYPE.items() if hasattr(defaults, name)}
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config_class(**{**sizes, **(overrides or {})}))
+    return model.float().eval()
 
 
 def tiny_tokenizer(vocab_size: int = _COMMON["vocab_size"], bos: bool = True) -> PreTrainedTokenizerFast:

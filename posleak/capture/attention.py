@@ -72,6 +72,7 @@ def posleak_attention(
 ) -> tuple[torch.Tensor, None]:
     """The AttentionInterface signature: q (B, H, T, D), k and v (B, KV, T, D) → (B, T, H, Dv)."""
     _refuse_unsupported(query, key, attention_mask)
+    _refuse_short_chunks(module, query.shape[-2])
     session = active_session()
     scaling = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
     norm = str(kwargs.get("posleak_norm", "softmax"))
@@ -128,6 +129,21 @@ def _refuse_unsupported(query: torch.Tensor, key: torch.Tensor, attention_mask: 
         raise PosleakError("posleak analyses whole sequences in one forward; disable the KV cache (use_cache=False)")
 
 
+def _refuse_short_chunks(module: torch.nn.Module, seq_len: int) -> None:
+    """Llama 4's chunked layers see only their own chunk of keys, a mask posleak does not build: refuse where a
+    chunk is shorter than the sequence rather than attend over keys the model would not see."""
+    config = getattr(module, "config", None)
+    types = getattr(config, "layer_types", None) or []
+    layer = getattr(module, "layer_idx", None)
+    if isinstance(layer, int) and layer < len(types) and types[layer] == "chunked_attention":
+        chunk = getattr(config, "attention_chunk_size", None)
+        if chunk is not None and chunk < seq_len:
+            raise PosleakError(
+                f"layer {layer} uses chunked attention of {chunk} positions, shorter than the sequence ({seq_len}); "
+                "posleak does not build chunked masks"
+            )
+
+
 def _attend_captured(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -140,7 +156,9 @@ def _attend_captured(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A captured call's output and log Z over the keys (no sink yet), fused where a kernel allows; with
     `with_keys` the output carries the attention-weighted keys after the values."""
-    if softcap is None and norm == "softmax" and _has_fused_kernel(query.device):
+    # the fused kernels want one head size for q, k and v (MiMo-V2-Flash's values are narrower than its keys)
+    same_size = query.shape[-1] == value.shape[-1]
+    if softcap is None and norm == "softmax" and same_size and _has_fused_kernel(query.device):
         if with_keys:
             # The fused kernels want one head size: zero-padding q and k keeps every logit.
             pad = (0, value.shape[-1])

@@ -22,12 +22,48 @@ from posleak.errors import PosleakError
 CLOSED_SYSTEM_RTOL = 1e-5
 
 
+def base_of(model: PreTrainedModel) -> nn.Module:
+    """The model without its LM head: `base_model`, or, where the class's `base_model_prefix` names no attribute
+    (Llama 4's text model says "language_model" and keeps it as `model`), the one child that is a model."""
+    if model.base_model is not model:
+        return model.base_model
+    children = [child for child in model.children() if isinstance(child, PreTrainedModel)]
+    if len(children) != 1:
+        raise PosleakError(f"{type(model).__name__}: cannot find its base model (the model without its LM head)")
+    return children[0]
+
+
 def decoder_layers(model: PreTrainedModel) -> nn.ModuleList:
-    """The decoder blocks, in order, of any transformers causal LM posleak supports."""
-    layers = getattr(model.base_model, "layers", None)
-    if not isinstance(layers, nn.ModuleList):
-        raise PosleakError(f"{type(model).__name__}: cannot find its decoder layers (expected base_model.layers)")
-    return layers
+    """The decoder blocks, in order, of any transformers causal LM posleak supports, found from the model's own
+    structure: the first module list (breadth-first under the base model) with one entry per hidden layer of
+    its text config: `layers` for most families, `h` for GPT-J and CodeGen, `language_model.layers` for a
+    multimodal wrapper."""
+    count = getattr(model.config.get_text_config(decoder=True), "num_hidden_layers", None)
+    queue: list[nn.Module] = [base_of(model)]
+    while queue:
+        module = queue.pop(0)
+        for child in module.children():
+            if isinstance(child, nn.ModuleList) and len(child) > 0 and (count is None or len(child) == count):
+                return child
+            queue.append(child)
+    raise PosleakError(
+        f"{type(model).__name__}: cannot find its decoder layers (no module list of {count} blocks in the model)"
+    )
+
+
+def skipped_layers(model: PreTrainedModel) -> dict[int, str]:
+    """The decoder blocks without attention over positions (a hybrid's mamba, convolution or linear-attention
+    layers), by layer index: "mamba, not attention". transformers' attention modules declare `is_causal`;
+    its mixers of other kinds do not."""
+    skipped = {}
+    for index, block in enumerate(decoder_layers(model)):
+        if not any(hasattr(module, "is_causal") for module in block.modules()):
+            kinds = [type(module).__name__ for module in block.children()]
+            mixer = next(
+                (kind for kind in kinds if not kind.endswith(("Norm", "MLP", "RMSNorm"))), type(block).__name__
+            )
+            skipped[index] = f"{mixer}, not attention"
+    return skipped
 
 
 class ResidualCapture:

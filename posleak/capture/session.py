@@ -19,6 +19,7 @@ import torch
 from transformers import PreTrainedModel
 
 from posleak.capture.masks import MaskSpec
+from posleak.capture.residual import base_of
 
 _ACTIVE: ContextVar[CaptureSession | None] = ContextVar("posleak_capture_session", default=None)
 
@@ -172,7 +173,7 @@ class CaptureSession:
         # hooks carry the hidden states on from there).
         input_ids = input_ids.to(model.get_input_embeddings().weight.device)
         with self.active(sequence_index):
-            return model.base_model(input_ids=input_ids, use_cache=False, **kwargs)
+            return base_of(model)(input_ids=input_ids, use_cache=False, **kwargs)
 
 
 def _wide(tensor: torch.Tensor) -> torch.Tensor:

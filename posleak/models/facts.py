@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
+CHUNKED = "chunked_attention"
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,15 @@ class ModelFacts:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: tuples become lists."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+def attention_chunk(config: PretrainedConfig) -> int | None:
+    """The width of a chunked-attention layer's chunks (Llama 4: queries see only keys of their own chunk of
+    `attention_chunk_size` positions); None when no layer is chunked."""
+    text = config.get_text_config(decoder=True)
+    if CHUNKED not in (getattr(text, "layer_types", None) or []):
+        return None
+    return getattr(text, "attention_chunk_size", None)
 
 
 def _attention_layout(config: PretrainedConfig) -> tuple[tuple[str, ...], tuple[int | None, ...]]:

@@ -15,10 +15,12 @@ from typing import Any
 
 import torch
 
+from posleak.capture.residual import decoder_layers, skipped_layers
 from posleak.data.batches import TokenBatch, load_token_file, make_sequences, shape_problems
 from posleak.data.corpus import load_corpus
 from posleak.device import Placement
 from posleak.intervene import Interventions
+from posleak.models.facts import attention_chunk
 from posleak.models.load import LoadedModel, load_model
 from posleak.pipeline.config import AnalyzeConfig
 from posleak.store import RunFolder
@@ -90,6 +92,7 @@ def prepare(
     check.make_sequences(config)
     if check.loaded is not None and check.batch is not None:
         check.problems.extend(token_file_bos_problems(check.loaded, check.batch, config))
+        check.problems.extend(attention_problems(check.loaded, check.batch))
     check.problems.extend(config.interventions.problems(check.loaded, check.bos_at_0))
     if out is not None and check.ready:
         assert check.loaded is not None and check.batch is not None  # `ready`
@@ -126,6 +129,27 @@ def checked_sequences(problems: Problems, loaded: LoadedModel | None, config: An
     with problems.collecting():
         return sequences_for(loaded, config)
     return None
+
+
+def attention_problems(loaded: LoadedModel, batch: TokenBatch) -> list[str]:
+    """What posleak cannot measure in this model, found before its forward: no attention layer at all (a hybrid
+    whose layers are all mamba, convolution or linear attention), or chunked attention whose chunks are shorter
+    than the sequences (posleak's masks are causal, sliding and prefix ones)."""
+    problems = []
+    name, layers = loaded.name, len(decoder_layers(loaded.model))
+    skipped = skipped_layers(loaded.model)
+    if len(skipped) == layers:
+        kinds = ", ".join(sorted({reason.removesuffix(", not attention") for reason in skipped.values()}))
+        problems.append(
+            f"{name} has no attention layer among its {layers} decoder layers ({kinds}); nothing to measure"
+        )
+    chunk = attention_chunk(loaded.model.config)
+    if chunk is not None and chunk < batch.seq_len:
+        problems.append(
+            f"{name} uses chunked attention of {chunk} positions, shorter than the sequences ({batch.seq_len}); "
+            f"posleak does not build chunked masks, so analyse at most {chunk} positions"
+        )
+    return problems
 
 
 def token_file_bos_problems(loaded: LoadedModel, batch: TokenBatch, config: AnalyzeConfig) -> list[str]:

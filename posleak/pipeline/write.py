@@ -10,7 +10,7 @@ import pandas as pd
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from posleak.capture.residual import ClosedSystemReport
+from posleak.capture.residual import ClosedSystemReport, skipped_layers
 from posleak.data.batches import TokenBatch
 from posleak.measure import LAYER_MAGNITUDES, Decomposition
 from posleak.measure.position0 import fingerprint_constancy
@@ -121,6 +121,9 @@ def run_manifest(
     if loaded is not None:
         manifest["model"]["facts"] = loaded.facts.to_dict()
         manifest["model"]["gguf_sha256"] = loaded.source_hash
+    # a hybrid's layers without attention, by the model's layer index ("3": "JambaMambaMixer, not attention")
+    if skipped := skipped_layers(model):
+        manifest["skipped_layers"] = {str(index): reason for index, reason in skipped.items()}
     manifest["closed_system"] = {
         "holds": closed.holds,
         "groups": closed.groups,
@@ -174,6 +177,8 @@ def report_sections(result: AnalysisResult, paths: dict[str, Path]) -> list[Sect
         f"Position 0 closed system: {'holds' if closed['holds'] else 'VIOLATED'} "
         f"(largest relative spread {closed['max_rel_spread']:.2g} over {closed['groups']} group(s))."
     )
+    if skipped := result.manifest.get("skipped_layers"):
+        summary += " Skipped: " + "; ".join(f"layer {index}: {reason}" for index, reason in skipped.items()) + "."
     return [
         Section(
             "Components by layer",
