@@ -213,12 +213,12 @@ class BatchSpec:
                 config = AnalyzeConfig(
                     **{k: v for k, v in options.items() if k in CONFIG_KEYS}, interventions=interventions
                 )
-                name = "-".join([_safe(Path(model).name), *(f"{k}={_safe(str(v))}" for k, v in point.items())])
+                name = "-".join([safe_name(Path(model).name), *(f"{k}={safe_name(str(v))}" for k, v in point.items())])
                 jobs.append(AnalysisJob(name, model, config, out / "runs" / name))
         return jobs
 
 
-def _safe(text: str) -> str:
+def safe_name(text: str) -> str:
     """A run folder's name from a model spec or an option's value."""
     return re.sub(r"[^A-Za-z0-9._=:+-]", "_", text)
 

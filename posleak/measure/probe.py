@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 from transformers import PreTrainedModel
 
-from posleak.capture.residual import ResidualCapture
+from posleak.capture.residual import ResidualCapture, base_of
 from posleak.errors import PosleakError
 
 TARGETS: tuple[str, ...] = ("log1p", "linear")
@@ -59,7 +59,7 @@ def capture_states(
     """h_i^(l) at every position: (layers, N, T, d), float32."""
     with ResidualCapture(model, positions=range(ids.shape[1]), layers=layers) as capture:
         for start in range(0, ids.shape[0], batch_size):
-            model.base_model(input_ids=ids[start : start + batch_size].to(model.device), use_cache=False)
+            base_of(model)(input_ids=ids[start : start + batch_size].to(model.device), use_cache=False)
     return capture.states()
 
 

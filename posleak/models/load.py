@@ -27,7 +27,7 @@ from posleak.models.facts import ModelFacts
 from posleak.models.lab.model import register_lab_model
 
 _PICKLES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # What a causal LM needs from a hub repository; never its pickles.
 _HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
 
@@ -70,7 +70,7 @@ def load_model(
         folder, gguf = zoo.model_dir(spec, cache), None
         file_hash, source_hash = stamp.weights_sha256, stamp.gguf_sha256
     else:
-        folder, gguf = _resolve(spec, trust_remote_code)
+        folder, gguf = resolve_folder(spec, trust_remote_code)
         file_hash = _weights_hash([folder / gguf] if gguf else sorted(folder.glob("*.safetensors")))
         source_hash = file_hash if gguf else None
     placement = placement or Placement()
@@ -88,12 +88,12 @@ def load_model(
     )
 
 
-def _resolve(spec: str, trust_remote_code: bool) -> tuple[Path, str | None]:
+def resolve_folder(spec: str, trust_remote_code: bool) -> tuple[Path, str | None]:
     """The folder holding a non-built-in model and, for GGUF, the file's name."""
     path = Path(spec).expanduser()
     if path.exists():
         return _locate(path)
-    if _HUB_ID.match(spec):
+    if HUB_ID.match(spec):
         return _locate(_download_hub(spec, trust_remote_code))
     raise PosleakError(
         f"no model {spec!r}: not a built-in name ({', '.join(ZOO)}), an existing folder, or a hub id (owner/name)"
@@ -146,7 +146,7 @@ def _read(
             config = _configure(AutoConfig.from_pretrained(folder, gguf_file=gguf), overrides)
             model, tokenizer = zoo.read_gguf(folder / gguf, dtype, config)
     except (OSError, ValueError, SafetensorError) as err:
-        raise _load_error(name, err) from None
+        raise load_error(name, err) from None
     if placement.device_map is None:
         model = model.to(placement.torch_device())
     use_posleak_attention(model.eval())
@@ -231,7 +231,7 @@ def _download_hub(repo: str, trust_remote_code: bool) -> Path:
         ) from None
 
 
-def _load_error(name: str, err: Exception) -> PosleakError:
+def load_error(name: str, err: Exception) -> PosleakError:
     if "trust_remote_code" in str(err):
         return PosleakError(
             f"{name} needs its own Python code to build the model; posleak runs it only when asked "

@@ -3,7 +3,9 @@ before any model is asked."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from posleak.data.batches import BOS_POLICIES
 from posleak.device import Placement, budget_problems
@@ -48,6 +50,13 @@ class AnalyzeConfig:
     @property
     def placement(self) -> Placement:
         return Placement(self.device, self.dtype, self.device_map, self.max_memory)
+
+    def identity(self) -> dict[str, Any]:
+        """The options a run's resume fingerprint covers: every one but `measure_budget`, which changes where the
+        captures wait and no number, so a killed run resumes under another budget."""
+        options = dataclasses.asdict(self)
+        del options["measure_budget"]
+        return options
 
     def problems(self, seq_len: int, num_seqs: int | None) -> list[str]:
         """What is wrong with these options for `num_seqs` sequences (None: any number) of `seq_len` tokens,

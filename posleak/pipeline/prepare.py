@@ -8,7 +8,6 @@ ones. Nothing here runs the model or writes a file.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -210,7 +209,7 @@ def run_args(model_id: str, loaded: LoadedModel | None, batch: TokenBatch, confi
         "model": model_id,
         "model_sha256": loaded.file_hash if loaded is not None else None,
         "tokens_sha256": _tokens_hash(batch.ids),
-        "config": dataclasses.asdict(config),
+        "config": config.identity(),
     }
 
 

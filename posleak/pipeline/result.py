@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +44,7 @@ def finished_here(run: RunFolder, spec: str, config: AnalyzeConfig, command: str
     if not run.is_complete:
         return False
     args = run.read_manifest().get("args") or {}
-    same_config = args.get("config") == json.loads(json.dumps(dataclasses.asdict(config)))
+    same_config = args.get("config") == json.loads(json.dumps(config.identity()))
     return same_config and args.get("model") == spec and args.get("command") == command
 
 

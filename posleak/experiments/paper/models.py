@@ -33,7 +33,7 @@ from posleak.experiments.paper.plan import BOS_ROLES, ROLE_NAMES, Plan, RoleName
 from posleak.experiments.paper.reproduction import analysis_config
 from posleak.models.builtin import ZOO
 from posleak.models.facts import ModelFacts
-from posleak.models.load import _HUB_ID, _load_error, _resolve
+from posleak.models.load import HUB_ID, load_error, resolve_folder
 from posleak.store.specfile import SpecFormat
 from posleak.validate import Problems
 
@@ -240,8 +240,8 @@ def read_facts(spec: str, trust_remote_code: bool = False) -> ModelFacts:
         if not zoo.is_fetched(spec):
             raise PosleakError(f"model {spec!r} is not fetched; run `posleak fetch {spec}`")
         source, gguf = str(zoo.model_dir(spec)), None
-    elif Path(spec).expanduser().exists() or not _HUB_ID.match(spec):
-        folder, gguf = _resolve(spec, trust_remote_code)  # a folder or file here (no download), or the refusal
+    elif Path(spec).expanduser().exists() or not HUB_ID.match(spec):
+        folder, gguf = resolve_folder(spec, trust_remote_code)  # a folder or file here (no download), or the refusal
         source = str(folder)
     else:
         source, gguf = spec, None
@@ -251,5 +251,5 @@ def read_facts(spec: str, trust_remote_code: bool = False) -> ModelFacts:
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **where)
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **where)
     except (OSError, ValueError) as err:
-        raise _load_error(spec, err) from None
+        raise load_error(spec, err) from None
     return ModelFacts.read(config, tokenizer)

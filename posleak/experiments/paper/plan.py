@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from posleak.device import Placement
-from posleak.experiments.batch import _safe
+from posleak.experiments.batch import safe_name
 
 SAMPLES = ("A", "B")
 SHOWN = "A"  # the sample whose figures, tables and numbers the report's text shows
@@ -36,7 +36,7 @@ class Role:
     def name(self) -> str:
         """How the texts name the model: the last part of its spec (a folder's or a hub id's name), made safe for
         a folder name; a built-in's own name. Resolved first, so that `.` or `../ckpt/` name their folder."""
-        return _safe(Path(self.model).expanduser().resolve().name) or "model"
+        return safe_name(Path(self.model).expanduser().resolve().name) or "model"
 
 
 ROLES: dict[RoleName, Role] = {
