@@ -75,12 +75,7 @@ FAMILIES = ["llama", "qwen2", "mistral", "gemma3", "gemma2", "gpt_oss"]
 # Set where the model type's config has the attribute: small shapes, few experts, a window shorter than the
 # family tests' length, and a pad id inside the small vocabulary (SmolLM3 and GLM default to one beyond it).
 _ANY_TYPE = dict(
-    vocab_size=96,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
+    _COMMON,
     head_dim=16,
     pad_token_id=0,
     bos_token_id=1,
