@@ -73,8 +73,7 @@ class ModelFacts:
     @property
     def sliding_window(self) -> int | None:
         """The width of the sliding layers; None when every layer is global."""
-        widths = {w for w in self.window if w is not None}
-        return max(widths) if widths else None
+        return _widest(self.window)
 
     def rope_theta_by_type(self) -> dict[str, float | None]:
         """RoPE base per layer type, e.g. {"sliding_attention": 1e4, "full_attention": 1e6}."""
@@ -95,6 +94,17 @@ class ModelFacts:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: tuples become lists."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+def sliding_window_of(config: PretrainedConfig) -> int | None:
+    """The width of a config's sliding layers (None when every layer is global): `ModelFacts.sliding_window`
+    from the config alone."""
+    return _widest(_attention_layout(config.get_text_config(decoder=True))[1])
+
+
+def _widest(window: tuple[int | None, ...]) -> int | None:
+    widths = {w for w in window if w is not None}
+    return max(widths) if widths else None
 
 
 def attention_chunk(config: PretrainedConfig) -> int | None:

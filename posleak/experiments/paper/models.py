@@ -15,7 +15,7 @@ The "bos" role (C5: whose BOS embedding is replaced) follows the "sliding" model
 built-in set gives both to gemma3-270m, C5's replacements being measured on the sliding-window model at the
 standard T (its early queries never reach the window), so naming `sliding=X` moves C5 to X as well.
 
-The checks read each model's config and tokenizer only (`ModelFacts`), never its weights, so that a wrong
+The checks read each model's config and tokenizer only (`RoleFacts`), never its weights, so that a wrong
 assignment is refused in seconds, one line per problem: an unknown role, a malformed entry, a model that does
 not exist or will not load, a sliding model without a window shorter than its T, a model whose maximum
 positions are shorter than its T, a model of a BOS-needing claim (C5, C6) whose tokenizer has no BOS.
@@ -24,7 +24,9 @@ positions are shorter than its T, a model of a BOS-needing claim (C5, C6) whose 
 from __future__ import annotations
 
 import dataclasses
+import json
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,7 @@ from posleak.errors import PosleakError
 from posleak.experiments.paper.plan import BOS_ROLES, ROLE_NAMES, Plan, RoleName, role_for
 from posleak.experiments.paper.reproduction import analysis_config
 from posleak.models.builtin import ZOO
-from posleak.models.facts import ModelFacts
+from posleak.models.facts import sliding_window_of
 from posleak.models.load import HUB_ID, load_error, resolve_folder
 from posleak.store.specfile import SpecFormat
 from posleak.validate import Problems
@@ -188,7 +190,7 @@ def role_problems(plan: Plan) -> list[str]:
         options = analysis_config(plan, role).problems(seq_len, num_seqs)
         problems.extend([f"{role} (T = {seq_len}, N = {num_seqs}): {p}" for p in options])
         known = facts[spec]
-        if isinstance(known, ModelFacts):
+        if isinstance(known, RoleFacts):
             problems.extend(_fact_problems(role, spec, known, seq_len))
         elif spec not in reported:  # the model's own problems, once (under the first role that names it)
             reported.add(spec)
@@ -196,14 +198,14 @@ def role_problems(plan: Plan) -> list[str]:
     return problems.found
 
 
-def _facts_or_problems(spec: str) -> ModelFacts | list[str]:
+def _facts_or_problems(spec: str) -> RoleFacts | list[str]:
     found = Problems()
     with found.collecting():
         return read_facts(spec)
     return found.found
 
 
-def _fact_problems(role: RoleName, spec: str, facts: ModelFacts, seq_len: int) -> list[str]:
+def _fact_problems(role: RoleName, spec: str, facts: RoleFacts, seq_len: int) -> list[str]:
     """What stops `spec` (facts `facts`) from playing `role` at T = `seq_len`."""
     found = []
     if facts.max_positions is not None and facts.max_positions < seq_len:
@@ -222,16 +224,26 @@ def _fact_problems(role: RoleName, spec: str, facts: ModelFacts, seq_len: int) -
             f"sliding model {spec}: its sliding window W = {window} is not shorter than its T = {seq_len}, so the "
             f"window never acts; give the role a seq_len above {window} in the plan file"
         )
-    if role in BOS_ROLES and facts.bos_token_id is None:
+    if role in BOS_ROLES and not facts.has_bos:
         claim = "C5 replaces its BOS" if role == "bos" else "C6 compares its h_0 with and without a BOS"
         found.append(f"{role} model {spec}: its tokenizer has no BOS token, and {claim}; give the role another model")
     return found
 
 
-def read_facts(spec: str, trust_remote_code: bool = False) -> ModelFacts:
-    """The `ModelFacts` of `spec` (what `posleak analyze` takes) from its config and tokenizer, without its
-    weights: seconds even for a 70B checkpoint. A hub id reads only those files from the hub."""
-    from transformers import AutoConfig, AutoTokenizer
+@dataclass(frozen=True)
+class RoleFacts:
+    """What the role checks need of a model: its maximum positions, its sliding window, whether it has a BOS."""
+
+    max_positions: int | None
+    sliding_window: int | None
+    has_bos: bool
+
+
+def read_facts(spec: str, trust_remote_code: bool = False) -> RoleFacts:
+    """The `RoleFacts` of `spec` (what `posleak analyze` takes) from its config and tokenizer, without its
+    weights: seconds even for a 70B checkpoint. A hub id reads only those files from the hub. A folder whose
+    tokenizer_config.json states the BOS token is not made to parse its tokenizer (Gemma's takes seconds)."""
+    from transformers import AutoConfig
 
     from posleak.models import zoo
     from posleak.models.lab.model import register_lab_model
@@ -249,7 +261,26 @@ def read_facts(spec: str, trust_remote_code: bool = False) -> ModelFacts:
     where = {"gguf_file": gguf} if gguf else {}
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **where)
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **where)
+        has_bos = _declared_bos(Path(source)) if gguf is None else None
+        if has_bos is None:
+            has_bos = _tokenizer_bos(source, trust_remote_code, where)
     except (OSError, ValueError) as err:
         raise load_error(spec, err) from None
-    return ModelFacts.read(config, tokenizer)
+    text = config.get_text_config(decoder=True)
+    return RoleFacts(getattr(text, "max_position_embeddings", None), sliding_window_of(config), has_bos)
+
+
+def _declared_bos(folder: Path) -> bool | None:
+    """Whether a local folder's tokenizer_config.json names a BOS token; None where it does not say."""
+    path = folder / "tokenizer_config.json"
+    if not path.is_file():
+        return None
+    declared = json.loads(path.read_text())
+    return None if "bos_token" not in declared else declared["bos_token"] is not None
+
+
+def _tokenizer_bos(source: str, trust_remote_code: bool, where: dict[str, str]) -> bool:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **where)
+    return tokenizer.bos_token_id is not None
