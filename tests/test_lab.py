@@ -57,7 +57,8 @@ REFERENCE = "lab_reference"
 
 
 def _config(pe: str = "rope", norm: str = "softmax", attention: str = "causal", layers: int = 2) -> LabConfig:
-    config = LabSpec(size="tiny", pe=pe, norm=norm, attention=attention).config(VOCAB, 4 * T, bos_id=0, eos_id=1)
+    spec = LabSpec(size="tiny", pe=pe, norm=norm, attention=attention)
+    config = LabConfig.from_spec(spec, VOCAB, 4 * T, bos_id=0, eos_id=1)
     config.num_hidden_layers = layers
     return config
 
@@ -374,7 +375,7 @@ def test_mixed_precision_training_runs_in_its_dtype_resumes_exactly_and_is_its_o
     spec = LabSpec(size="tiny", pe="rope")
     base = TrainConfig(steps=8, seq_len=16, batch_size=4, warmup_steps=2, eval_every=4, checkpoint_every=3)
     mixed = replace(base, dtype=dtype)
-    model = build_lab_model(spec.config(VOCAB, 64, 0, 1), seed=0)
+    model = build_lab_model(LabConfig.from_spec(spec, VOCAB, 64, 0, 1), seed=0)
     with mixed.precision(torch.device("cpu")):
         logits = model(input_ids=torch.randint(VOCAB, (2, 16))).logits
     assert logits.dtype == getattr(torch, dtype) and model.lm_head.weight.dtype == torch.float32

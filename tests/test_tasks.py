@@ -11,6 +11,7 @@ from posleak.errors import PosleakError
 from posleak.lab.tasks import TASKS, generate, parse_tasks, solved, task_tokenizer
 from posleak.lab.tasks.vocab import VOCAB_SIZE
 from posleak.models.lab.config import LabSpec
+from posleak.models.lab.hf_config import LabConfig
 from posleak.models.lab.model import build_lab_model
 
 LENGTHS = (24, 48, 96)  # 1×, 2× and 4× a training length
@@ -112,8 +113,9 @@ def test_a_model_blind_to_position_is_at_chance_on_the_absolute_tasks(
     length = 20
     n = length - overhead
     assert TASKS[task].chance(length) == pytest.approx(1 / n)
-    blind = build_lab_model(LabSpec(pe="nope", attention=f"prefix:{n + 1}").config(VOCAB_SIZE, 64, 0, 1), seed=seed)
-    causal = build_lab_model(LabSpec(pe="nope").config(VOCAB_SIZE, 64, 0, 1), seed=seed)
+    blind_spec = LabSpec(pe="nope", attention=f"prefix:{n + 1}")
+    blind = build_lab_model(LabConfig.from_spec(blind_spec, VOCAB_SIZE, 64, 0, 1), seed=seed)
+    causal = build_lab_model(LabConfig.from_spec(LabSpec(pe="nope"), VOCAB_SIZE, 64, 0, 1), seed=seed)
     start = length - answer_tokens
     solved_rows, rows = 0, 0
     for row in generate(task, 4, length, seed=seed).ids:

@@ -127,9 +127,10 @@ def sink_model(logits: dict[tuple[int, int], float], layers: int = 3, vocab_size
     the key's first dimension reads u_1 (non-zero for the BOS only): s_{i,0} = L and s_{i,j} = 0 for j ≥ 1.
     So a_{i,0} = e^L / (e^L + i) exactly, and position 0 must hold token 0 and no other position may."""
     from posleak.models.lab.config import LabSpec
+    from posleak.models.lab.hf_config import LabConfig
     from posleak.models.lab.model import build_lab_model
 
-    config = LabSpec(size="tiny", pe="nope").config(vocab_size, 2 * SINK_T, bos_id=0, eos_id=None)
+    config = LabConfig.from_spec(LabSpec(size="tiny", pe="nope"), vocab_size, 2 * SINK_T, bos_id=0, eos_id=None)
     config.num_hidden_layers = layers
     model = build_lab_model(config, seed=0).eval()
     hidden, heads, dim = config.hidden_size, config.num_attention_heads, config.head_dim

@@ -137,7 +137,8 @@ def _train(spec: LabSpec, config: TrainConfig, out: Path, until: int | None, pro
         return finished
     data = prepare_data(config) if config.task is None else None
     tokenizer = data.tokenizer if data is not None else task_tokenizer()
-    model_config = spec.config(
+    model_config = LabConfig.from_spec(
+        spec,
         tokenizer.vocab_size, MAX_LENGTH_MULTIPLE * config.seq_len, tokenizer.bos_token_id, tokenizer.eos_token_id
     )
     device = config.placement.torch_device()

@@ -1,8 +1,8 @@
 """The lab model's options: `LabSpec`, the options a user states, and the names they may take.
 
-`LabConfig`, the transformers config a `LabSpec` becomes, lives in `posleak.models.lab.hf_config` (it subclasses
-transformers' `PretrainedConfig`). This module imports neither transformers nor torch, so that the command line
-can offer these choices instantly.
+`LabConfig`, the transformers config a `LabSpec` becomes (`LabConfig.from_spec`), lives in
+`posleak.models.lab.hf_config` (it subclasses transformers' `PretrainedConfig`); this module imports neither
+transformers nor torch, nor that module, so that the command line can offer these choices instantly.
 
 A lab model varies one factor at a time (docs/method.md §10):
 
@@ -25,13 +25,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from posleak.errors import PosleakError
 from posleak.validate import Problems, natural_number
-
-if TYPE_CHECKING:
-    from posleak.models.lab.hf_config import LabConfig
 
 PE_KINDS: tuple[str, ...] = ("rope", "nope", "alibi", "learned", "sinusoidal")
 NORMS: tuple[str, ...] = ("softmax", "sink", "sigmoid")
@@ -112,32 +109,6 @@ class LabSpec:
             with problems.collecting():
                 check()
         problems.raise_any()
-
-    def config(self, vocab_size: int, max_positions: int, bos_id: int | None, eos_id: int | None) -> LabConfig:
-        """The model config for a tokenizer (vocabulary, special ids) and the longest length it must take."""
-        from posleak.models.lab.hf_config import LabConfig
-
-        hidden, layers, heads, mlp = SIZES[self.size]
-        kind, factor = parse_rope_scaling(self.rope_scaling)
-        return LabConfig(
-            vocab_size=vocab_size,
-            hidden_size=hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            intermediate_size=mlp,
-            max_position_embeddings=max_positions,
-            pe=self.pe,
-            rope_base=self.rope_base,
-            rope_scale_kind=kind,
-            rope_factor=factor,
-            rotary_fraction=self.rotary_fraction,
-            attention=self.attention,
-            norm=self.norm,
-            bos=self.bos,
-            size=self.size,
-            bos_token_id=bos_id,
-            eos_token_id=eos_id,
-        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

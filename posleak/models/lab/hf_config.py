@@ -12,7 +12,17 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from posleak.errors import PosleakError
-from posleak.models.lab.config import NORMS, PE_KINDS, ROPE_SCALINGS, SIGMOID_BIAS_INIT, check_choice, parse_attention
+from posleak.models.lab.config import (
+    NORMS,
+    PE_KINDS,
+    ROPE_SCALINGS,
+    SIGMOID_BIAS_INIT,
+    SIZES,
+    LabSpec,
+    check_choice,
+    parse_attention,
+    parse_rope_scaling,
+)
 
 
 class LabConfig(PretrainedConfig):
@@ -80,3 +90,30 @@ class LabConfig(PretrainedConfig):
     def rope_position_scale(self) -> float:
         """Linear interpolation divides positions by the factor; other kinds leave them."""
         return 1.0 / self.rope_factor if self.rope_scale_kind == "linear" else 1.0
+
+    @classmethod
+    def from_spec(
+        cls, spec: LabSpec, vocab_size: int, max_positions: int, bos_id: int | None, eos_id: int | None
+    ) -> LabConfig:
+        """The model config for a tokenizer (vocabulary, special ids) and the longest length it must take."""
+        hidden, layers, heads, mlp = SIZES[spec.size]
+        kind, factor = parse_rope_scaling(spec.rope_scaling)
+        return cls(
+            vocab_size=vocab_size,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=mlp,
+            max_position_embeddings=max_positions,
+            pe=spec.pe,
+            rope_base=spec.rope_base,
+            rope_scale_kind=kind,
+            rope_factor=factor,
+            rotary_fraction=spec.rotary_fraction,
+            attention=spec.attention,
+            norm=spec.norm,
+            bos=spec.bos,
+            size=spec.size,
+            bos_token_id=bos_id,
+            eos_token_id=eos_id,
+        )
