@@ -158,7 +158,7 @@ def add_intervention_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--window", default=unset, metavar="W|global")
 
 
-def _given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     """The options given on the command line that are fields of the dataclass `cls`."""
     names = {f.name for f in fields(cls)}
     return {name: value for name, value in vars(args).items() if name in names}
@@ -167,13 +167,13 @@ def _given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
 def interventions_from(args: argparse.Namespace) -> Interventions:
     from posleak.intervene import Interventions
 
-    return Interventions(**_given(args, Interventions))
+    return Interventions(**given(args, Interventions))
 
 
 def config_from(args: argparse.Namespace, interventions: Interventions) -> AnalyzeConfig:
     from posleak.pipeline import AnalyzeConfig
 
-    return AnalyzeConfig(**{**_given(args, AnalyzeConfig), "interventions": interventions})
+    return AnalyzeConfig(**{**given(args, AnalyzeConfig), "interventions": interventions})
 
 
 def _inspect(args: argparse.Namespace) -> int:

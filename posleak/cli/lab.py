@@ -10,11 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
-from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from posleak.cli.analyze import add_backend_options
+from posleak.cli.analyze import add_backend_options, given
 from posleak.device import DEVICES, DTYPES
 from posleak.models.lab.config import NORMS, PE_KINDS, SIZES, TASK_NAMES, TASK_SEEDS, TASK_VARIANTS, VARIANTS, LabSpec
 from posleak.validate import Problems, out_folder_problems
@@ -107,8 +106,8 @@ def _train_options(args: argparse.Namespace) -> dict[str, Any]:
     """The training options given on the command line (`TrainConfig` fields)."""
     from posleak.lab.trainer import TrainConfig
 
-    names = {f.name for f in fields(TrainConfig)} - {"task"}  # --task names the lab's tasks, set per trial
-    return {name: value for name, value in vars(args).items() if name in names and value is not None}
+    # --task names the lab's tasks, set per trial
+    return {name: value for name, value in given(args, TrainConfig).items() if name != "task" and value is not None}
 
 
 def _train_config(args: argparse.Namespace) -> TrainConfig:
