@@ -96,10 +96,17 @@ def family_model(model_type: str, overrides: dict | None = None, seed: int = 0) 
     config class at the tiny sizes above (those its config has) and `overrides` (the type's own attributes)."""
     config_class = CONFIG_MAPPING[model_type]
     defaults = config_class()
-    sizes = {name: value for name, value in _ANY_TYPE.items() if hasattr(defaults, name)}
+    defaults.allow_global_per_layer_attribute_access = True  # a per-layer attribute (Gemma 4's head_dim) exists too
+    sizes = {name: value for name, value in _ANY_TYPE.items() if hasattr(defaults, name) and _settable(defaults, name)}
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config_class(**{**sizes, **(overrides or {})}))
     return model.float().eval()
+
+
+def _settable(config: object, name: str) -> bool:
+    """Not a read-only property (Falcon derives `head_dim` from its width and heads)."""
+    attribute = getattr(type(config), name, None)
+    return not isinstance(attribute, property) or attribute.fset is not None
 
 
 def tiny_tokenizer(vocab_size: int = _COMMON["vocab_size"], bos: bool = True) -> PreTrainedTokenizerFast:
