@@ -41,6 +41,12 @@ _COMPASS = {  # its global layers have no RoPE parameters, so NoPE
     "layer_types": [*["sliding_attention"] * 2, "full_attention"],
     "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}, "full_attention": None},
 }
+_GEMMA4 = {  # small per-layer embeddings, and global layers whose heads (32) are wider than the sliding ones' (16)
+    "vocab_size_per_layer_input": 96,
+    "hidden_size_per_layer_input": 16,
+    "global_head_dim": 32,
+    "layer_types": [*["sliding_attention"] * 2, "full_attention"],
+}
 _DBRX = {  # d_model given as itself: DbrxConfig sizes its experts from it before the hidden_size alias is set
     "d_model": 64,
     "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
@@ -109,6 +115,8 @@ SPECIAL: dict[str, tuple[str, dict]] = {
     ),
     "cohere_compass_text": ("sliding layers; NoPE global layers", _COMPASS),
     "dbrx": ("clipped q, k and v; MoE MLP", _DBRX),
+    "gemma4_text": ("sliding layers; global layers with wider heads (a per-layer config)", _GEMMA4),
+    "gemma4_unified_text": ("sliding layers; global layers with wider heads (a per-layer config)", _GEMMA4),
     "dots1": ("MoE MLP with a shared expert", {"n_shared_experts": 1}),
     "zaya": ("MoE MLP (one expert a token)", {"num_experts_per_tok": 1}),
     "ctrl": ("sinusoidal absolute positions", {}),
@@ -154,10 +162,8 @@ LISTED: dict[str, str] = {
         _LEFT + "its sparse-attention indexer reads the model's 4-D attention mask, which transformers builds for no "
         "implementation it does not know (posleak builds its own)",
     ),
-    **dict.fromkeys(
-        "gemma4_text gemma4_unified_text gemma4_assistant".split(),
-        _LEFT + "head_dim differs between its layers (a per-layer config); posleak reads one config.head_dim",
-    ),
+    "gemma4_assistant": _LEFT + "a drafter whose every layer reuses the keys and values of its target model "
+    "(its config requires num_kv_shared_layers = num_hidden_layers)",
     "gemma3n_text": _LEFT + "its decoder blocks return several residual streams (AltUp)",
     "zamba": _LEFT + "one attention module shared by its hybrid layers, with no layer index of its own",
 }

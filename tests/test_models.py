@@ -18,7 +18,8 @@ import pytest
 import torch
 from cli import assert_one_line_error, run_cli
 from safetensors.torch import save_file
-from tiny import WINDOW, tiny_model
+from test_families import SPECIAL
+from tiny import WINDOW, family_model, tiny_model
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
@@ -69,6 +70,19 @@ def test_facts_per_layer(family: str, types: list[str], window: list[int | None]
     assert facts.rotary_dim == (facts.head_dim,) * 3
     assert facts.sliding_window == (WINDOW if SLIDING in types else None)
     json.dumps(facts.to_dict())  # JSON-ready
+
+
+def test_facts_read_head_sizes_set_per_layer() -> None:
+    """Gemma 4 sets its global layers' head size per layer (transformers refuses to read one global value): the
+    facts give each layer's, as the model's own attention modules and rotary frequencies have them."""
+    model = family_model("gemma4_text", SPECIAL["gemma4_text"][1])
+    facts = ModelFacts.read(model.config, _tokenizer())
+    dims = [layer.self_attn.head_dim for layer in model.model.layers]
+    assert dims == [16, 16, 32] and facts.head_dim == max(dims)
+    rotated = {
+        kind: 2 * int(getattr(model.model.rotary_emb, f"{kind}_inv_freq").count_nonzero()) for kind in (SLIDING, FULL)
+    }
+    assert facts.rotary_dim == tuple(rotated[kind] for kind in facts.layer_types)
 
 
 def test_facts_rope_scaling_and_shapes() -> None:

@@ -46,7 +46,7 @@ class ModelFacts:
     def read(cls, config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase) -> ModelFacts:
         text = config.get_text_config(decoder=True)
         heads = text.num_attention_heads
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+        dims = head_dims(text)
         layer_types, window = _attention_layout(text)
         rope = [_rope_for(text, kind) for kind in layer_types]
         bos_id = tokenizer.bos_token_id
@@ -55,7 +55,7 @@ class ModelFacts:
             layers=text.num_hidden_layers,
             heads=heads,
             kv_heads=getattr(text, "num_key_value_heads", None) or heads,
-            head_dim=head_dim,
+            head_dim=max(dims),
             hidden=text.hidden_size,
             vocab_size=text.vocab_size,
             max_positions=getattr(text, "max_position_embeddings", None),
@@ -64,7 +64,9 @@ class ModelFacts:
             rope_theta=tuple(_float_or_none(p.get("rope_theta")) for p in rope),
             rope_type=tuple(p.get("rope_type", "default") if p else None for p in rope),
             rope_factor=tuple(_float_or_none(p.get("factor")) for p in rope),
-            rotary_dim=tuple(int(head_dim * p.get("partial_rotary_factor", 1.0)) if p else None for p in rope),
+            rotary_dim=tuple(
+                int(dim * p.get("partial_rotary_factor", 1.0)) if p else None for dim, p in zip(dims, rope, strict=True)
+            ),
             auto_bos=tokenizer_prepends_bos(tokenizer),
             bos_token=tokenizer.bos_token if bos_id is not None else None,
             bos_token_id=bos_id,
@@ -94,6 +96,15 @@ class ModelFacts:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: tuples become lists."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+def head_dims(config: PretrainedConfig) -> tuple[int, ...]:
+    """Each layer's head size (a text config's): read layer by layer where the config sets it per layer (Gemma 4's
+    global layers have wider heads than its sliding ones, and transformers refuses to read one global value)."""
+    if "head_dim" in (getattr(config, "per_layer_attributes", None) or ()):
+        return tuple(config.per_layer_config[layer].head_dim for layer in range(config.num_hidden_layers))
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return (dim,) * config.num_hidden_layers
 
 
 def sliding_window_of(config: PretrainedConfig) -> int | None:

@@ -35,6 +35,7 @@ from posleak.device import CPU_BUDGET_BYTES, measure_budget, sums_device
 from posleak.errors import BadInput, PosleakError
 from posleak.measure import Decomposition, LayerResult, MeasureSpec, measure_layer
 from posleak.measure.behaviour import next_token_scores, token_table
+from posleak.models.facts import head_dims
 from posleak.models.load import LoadedModel
 from posleak.pipeline.config import AnalyzeConfig, tables_grid
 from posleak.pipeline.prepare import run_args
@@ -179,7 +180,7 @@ def capture_bytes(model: PreTrainedModel, batch: TokenBatch) -> int:
     config = model.config.get_text_config(decoder=True)
     heads = config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
-    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    dim = max(head_dims(config))
     per_layer = batch.num_seqs * batch.seq_len * ((heads + kv) * dim + heads) * 4
     return per_layer * config.num_hidden_layers
 
