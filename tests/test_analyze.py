@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from cli import assert_one_line_error, run_cli, strict_json_files
+from cli import assert_one_line_error, run_cli, run_main, strict_json_files
 from reference import LogitRecorder, assert_close, grid_edges, table_errors
 from tiny import tiny_checkpoint, tiny_model, word_corpus
 
@@ -115,6 +115,33 @@ def test_every_json_posleak_writes_is_strict_with_null_for_a_missing_number(tmp_
     assert strict_json_files(tmp_path)[tmp_path / "manifest.json"] == expected
     back = nan_for_none(json.loads(dumps({"x": float("nan"), "y": 2.0, "z": "s"})))
     assert np.isnan(back["x"]) and back["y"] == 2.0 and back["z"] == "s"
+
+
+def test_analyze_ends_with_the_headline_magnitudes_and_writes_strict_json(tmp_path: Path) -> None:
+    """The last lines of `posleak analyze`: each magnitude's mean over layers with the percentile interval of the
+    resamples' means over layers (numpy's quantile of bootstrap.parquet), the mean ΔR² over heads and the closed
+    system; every JSON file of the run folder parses strictly."""
+    model, corpus, out = tiny_checkpoint(tmp_path / "model"), word_corpus(tmp_path / "words.txt"), tmp_path / "run"
+    proc = run_main("analyze", str(model), "--corpus", str(corpus), "--seq-len", "24", "--num-seqs", "6",
+                    "--bootstrap", "40", "--out", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    start = next(k for k, line in enumerate(lines) if line.startswith("headline: mean over layers, nats, 95%"))
+    per_layer, per_head = pd.read_parquet(out / "per_layer.parquet"), pd.read_parquet(out / "per_head.parquet")
+    means = pd.read_parquet(out / "bootstrap.parquet").groupby("resample").mean()
+    shown = {line.split()[0]: line for line in lines[start + 1 :]}
+    assert [line.split()[0] for line in lines[start + 1 : start + 5]] == ["mask_early", "mask_all", "resid_early",
+                                                                         "resid_all"]  # fmt: skip
+    for measure in ("mask_early", "mask_all", "resid_early", "resid_all"):
+        lo, hi = np.quantile(means[measure], [0.025, 0.975])
+        value = per_layer[measure].mean()
+        assert shown[measure].split(maxsplit=1)[1].startswith(f"{value:.4g} ({lo:.3g} to {hi:.3g})  "), shown[measure]
+    assert lines[start + 5] == (
+        f"  ΔR² of absolute position over the offset (§7), mean over heads: logits {per_head['dr2_logit'].mean():.3g}, "
+        f"log-attention {per_head['dr2_logattn'].mean():.3g}"
+    )
+    assert lines[start + 6].startswith("  position 0 closed system (§8): holds") and len(lines) == start + 7
+    assert len(strict_json_files(out)) >= 1
 
 
 def _no_constant(name: str) -> object:
