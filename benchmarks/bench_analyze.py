@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import pstats
 import re
 import statistics
@@ -37,6 +36,7 @@ from posleak.data.batches import make_sequences
 from posleak.data.corpus import load_corpus
 from posleak.models.load import LoadedModel, load_model
 from posleak.pipeline import AnalyzeConfig, analyze_model, sequences_for
+from posleak.store.jsonfile import dumps
 
 MODEL = "smollm2-135m"
 
@@ -152,7 +152,7 @@ def main() -> None:
         if {"b_eager_attentions", "c_analyze"} <= seconds.keys():
             row["c/b"] = seconds["c_analyze"] / seconds["b_eager_attentions"]
         results[seq_len] = row
-        print(json.dumps(row, indent=1), flush=True)
+        print(dumps(row, indent=1), flush=True)
     print("\nT      c/a (target ≤ 1.5 at 2048)   c/b    peak mem c/a (target ≤ 1.5 at 8192)")
     for seq_len, row in results.items():
         c_a, c_b, mem = (f"{row[key]:.2f}" if key in row else "-" for key in ("c/a", "c/b", "mem c/a"))

@@ -75,6 +75,7 @@ from posleak.capture.store import CallFacts, LayerCapture
 from posleak.device import Placement
 from posleak.measure import Grid, MeasureSpec, measure_layer, segment_boundaries
 from posleak.measure.layer_sums import SumsPath, choose_path
+from posleak.store.jsonfile import dumps
 
 PAPER_QUICK_ANALYSES = 26  # 13 per sample × 2 samples (module docstring)
 _GRAM_BLOCK = 128  # positions per Gram block of the bilinear path (bilinear._GRAM_BLOCK_WIDTH for D = 128)
@@ -376,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = measured_rows(wanted, Placement(device=args.device).torch_device())
     print_table(rows)
     if args.json is not None:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+        args.json.write_text(dumps(rows, indent=1) + "\n")
 
 
 def measured_rows(wanted: list[tuple[str, int, int]], device: torch.device) -> list[dict]:
@@ -388,7 +389,7 @@ def measured_rows(wanted: list[tuple[str, int, int]], device: torch.device) -> l
     rows = []
     for key, seq_len, num_seqs in wanted:
         rows.append(bench_row(key, seq_len, num_seqs, device, peak, seed=len(rows)))
-        print(json.dumps(rows[-1]), flush=True)
+        print(dumps(rows[-1]), flush=True)
     return rows
 
 

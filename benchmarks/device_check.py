@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ from posleak.device import Placement
 from posleak.models.load import load_model
 from posleak.models.zoo import ZOO
 from posleak.pipeline import AnalyzeConfig, analyze_model, sequences_for
+from posleak.store.jsonfile import dumps
 
 
 def _ids(vocab: int, batch: int, seq_len: int, seed: int = 1) -> torch.Tensor:
@@ -115,14 +115,14 @@ def main() -> None:
         row = {"model": f"tiny {family}", "capture_vs_eager": capture_parity(model, ids)}
         row["decomposition_vs_brute_force"] = decomposition_parity(use_posleak_attention(model), ids)
         rows.append(row)
-        print(json.dumps(row), flush=True)
+        print(dumps(row), flush=True)
     for name in args.models:
         loaded = load_model(name, placement=parity)
         ids = _ids(loaded.facts.vocab_size, 4, args.parity_len)
         row = {"model": name, "capture_vs_eager": capture_parity(loaded.model, ids)}
         row["decomposition_vs_brute_force"] = decomposition_parity(loaded.model, ids)
         rows.append(row)
-        print(json.dumps(row), flush=True)
+        print(dumps(row), flush=True)
         del loaded
     print("\nparity               capture − eager (rel)   tables vs brute force (rel)")
     for row in rows:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import subprocess
 import sys
@@ -65,3 +66,19 @@ def assert_error_lines(proc: subprocess.CompletedProcess[str], *needles: str) ->
     for needle in needles:
         assert any(needle in line for line in lines), (needle, lines)
     return lines
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON (a missing number must be null)")
+
+
+def strict_json_files(*folders: Path) -> dict[Path, object]:
+    """Every .json file under `folders`, parsed strictly: a bare NaN, Infinity or -Infinity (which Python's json
+    writes by default and jq or JavaScript's JSON.parse reject) fails, naming the file."""
+    parsed = {}
+    for path in sorted(p for folder in folders for p in folder.rglob("*.json")):
+        try:
+            parsed[path] = json.loads(path.read_text(), parse_constant=_no_constant)
+        except ValueError as err:
+            raise AssertionError(f"{path}: {err}") from None
+    return parsed

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from cli import assert_one_line_error, run_cli
+from cli import assert_one_line_error, run_cli, run_main, strict_json_files
 from reference import LogitRecorder, assert_close, grid_edges, table_errors
 from tiny import tiny_checkpoint, tiny_model, word_corpus
 
@@ -25,6 +25,8 @@ from posleak.measure import LAYER_MAGNITUDES
 from posleak.models.load import LoadedModel
 from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model, sequences_for
 from posleak.pipeline import run as run_module
+from posleak.store import RunFolder
+from posleak.store.jsonfile import dumps, nan_for_none
 
 TOLERANCE = 1e-5
 
@@ -68,6 +70,7 @@ def test_run_folder_has_every_table_figure_and_report(tmp_path: Path) -> None:
     )
     assert manifest["bos"]["position0_tokens"] == [{"id": 2, "text": "2", "sequences": 6}]
     assert manifest["closed_system"]["holds"]
+    assert strict_json_files(run)[run / "manifest.json"] == manifest  # every JSON of the folder parses strictly
     assert list(result.per_layer["layer_type"]) == ["sliding_attention", "sliding_attention", "full_attention"]
     assert set(result.per_head.columns) == {
         "layer",
@@ -92,6 +95,57 @@ def test_run_folder_has_every_table_figure_and_report(tmp_path: Path) -> None:
         again = _tiny_run(run)
     assert {path: path.stat().st_mtime_ns for path in run.rglob("*") if path.is_file()} == written
     pd.testing.assert_frame_equal(again.per_layer, result.per_layer)
+
+
+def test_every_json_posleak_writes_is_strict_with_null_for_a_missing_number(tmp_path: Path) -> None:
+    """NaN, inf and -inf, as Python floats, numpy and torch scalars, at any depth, are written as null (jq and
+    JSON.parse reject the bare NaN that json.dumps writes); every other value comes back as it went in, finite
+    floats to the last bit; a reader of a flat record of numbers gets NaN back for each null."""
+    third = 1 / 3
+    record = {
+        "a": float("nan"),
+        "b": [1.5, float("inf"), np.float32("nan"), np.float64(-np.inf), torch.tensor(float("nan"))],
+        "c": {"d": (np.int64(3), None, True, "NaN"), "e": third, "f": np.bool_(True)},
+    }
+    assert "NaN" in json.dumps(record, default=float)  # what the standard library writes, the bug
+    inner = {"d": [3, None, True, "NaN"], "e": third, "f": True}
+    expected = {"a": None, "b": [1.5, None, None, None, None], "c": inner}
+    assert json.loads(dumps(record), parse_constant=_no_constant) == expected
+    RunFolder(tmp_path).write_manifest(record)  # the run folder's manifest goes through the same writer
+    assert strict_json_files(tmp_path)[tmp_path / "manifest.json"] == expected
+    back = nan_for_none(json.loads(dumps({"x": float("nan"), "y": 2.0, "z": "s"})))
+    assert np.isnan(back["x"]) and back["y"] == 2.0 and back["z"] == "s"
+
+
+def test_analyze_ends_with_the_headline_magnitudes_and_writes_strict_json(tmp_path: Path) -> None:
+    """The last lines of `posleak analyze`: each magnitude's mean over layers with the percentile interval of the
+    resamples' means over layers (numpy's quantile of bootstrap.parquet), the mean ΔR² over heads and the closed
+    system; every JSON file of the run folder parses strictly."""
+    model, corpus, out = tiny_checkpoint(tmp_path / "model"), word_corpus(tmp_path / "words.txt"), tmp_path / "run"
+    proc = run_main("analyze", str(model), "--corpus", str(corpus), "--seq-len", "24", "--num-seqs", "6",
+                    "--bootstrap", "40", "--out", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    start = next(k for k, line in enumerate(lines) if line.startswith("headline: mean over layers, nats, 95%"))
+    per_layer, per_head = pd.read_parquet(out / "per_layer.parquet"), pd.read_parquet(out / "per_head.parquet")
+    means = pd.read_parquet(out / "bootstrap.parquet").groupby("resample").mean()
+    shown = {line.split()[0]: line for line in lines[start + 1 :]}
+    assert [line.split()[0] for line in lines[start + 1 : start + 5]] == ["mask_early", "mask_all", "resid_early",
+                                                                         "resid_all"]  # fmt: skip
+    for measure in ("mask_early", "mask_all", "resid_early", "resid_all"):
+        lo, hi = np.quantile(means[measure], [0.025, 0.975])
+        value = per_layer[measure].mean()
+        assert shown[measure].split(maxsplit=1)[1].startswith(f"{value:.4g} ({lo:.3g} to {hi:.3g})  "), shown[measure]
+    assert lines[start + 5] == (
+        f"  ΔR² of absolute position over the offset (§7), mean over heads: logits {per_head['dr2_logit'].mean():.3g}, "
+        f"log-attention {per_head['dr2_logattn'].mean():.3g}"
+    )
+    assert lines[start + 6].startswith("  position 0 closed system (§8): holds") and len(lines) == start + 7
+    assert len(strict_json_files(out)) >= 1
+
+
+def _no_constant(name: str) -> object:
+    raise AssertionError(f"bare {name} in the JSON")
 
 
 def _no_forward(*args: object, **kwargs: object) -> None:

@@ -18,9 +18,10 @@ import pandas as pd
 import pytest
 import torch
 from browser import check_in_chromium, needs_chromium, section_tables
-from cli import file_stamps, run_cli, run_main
+from cli import file_stamps, run_cli, run_main, strict_json_files
 from tiny import SINK_T, sink_ids, sink_model, sink_scores
 
+from posleak.cli.summary import claim_lines
 from posleak.data.batches import TokenBatch
 from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, percent_change
 from posleak.experiments.paper import QUICK, paper_plan
@@ -32,7 +33,7 @@ from posleak.experiments.paper.c5 import claim_c5
 from posleak.experiments.paper.c6 import claim_c6
 from posleak.experiments.paper.plan import ROLES
 from posleak.experiments.paper.reproduction import Reproduction, shared_analyses
-from posleak.experiments.paper.verdict import replicated
+from posleak.experiments.paper.verdict import Claim, fact, judge, replicated, row
 from posleak.intervene import Interventions
 from posleak.models.load import LoadedModel
 from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model
@@ -52,8 +53,37 @@ def paper(tmp_path_factory: pytest.TempPathFactory, zoo_model) -> Path:
     out = tmp_path_factory.mktemp("paper") / "quick"
     proc = run_cli("paper", "--quick", "--out", str(out), timeout_s=QUICK_BUDGET_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [line.split(":")[0] for line in proc.stdout.splitlines()] == CLAIMS
+    (out.parent / "stdout.txt").write_text(proc.stdout)  # what the terminal showed, for the tests below
     return out
+
+
+@pytest.mark.slow
+def test_the_terminal_ends_with_each_verdict_and_the_rows_that_decided_it(paper: Path) -> None:
+    """One line per claim, its verdict as claims.json has it, then one or two rows of its evidence, each quoting
+    the value and interval of claims.json's row in every sample that has it."""
+    claims = {c["claim"]: c for c in json.loads((paper / "claims.json").read_text())}
+    lines = (paper.parent / "stdout.txt").read_text().splitlines()
+    heads = [k for k, line in enumerate(lines) if not line.startswith(" ")]
+    assert [lines[k].split()[0] for k in heads] == CLAIMS and heads[-1] < len(lines) - 1
+    for k, end in zip(heads, [*heads[1:], len(lines)], strict=True):
+        claim = claims[lines[k].split()[0]]
+        assert lines[k].startswith(f"{claim['claim']} {claim['verdict']}: ")
+        assert 1 <= end - k - 1 <= 2
+        for line in lines[k + 1 : end]:
+            name = line.strip().split(": A ")[0]
+            row = next(r for r in claim["samples"]["A"]["evidence"] if r["evidence"] == name)
+            interval = "" if row["lo"] is None else f" ({row['lo']:.3g} to {row['hi']:.3g})"
+            assert f"A {row['value']:.4g}" in line and interval in line and row["threshold"] in line, line
+
+
+@pytest.mark.slow
+def test_every_json_the_reproduction_writes_is_strict(paper: Path) -> None:
+    """claims.json (whose exact rows have no interval: null), the manifests of the reproduction and of every run,
+    the lab's trial markers and models: no bare NaN or Infinity anywhere."""
+    files = strict_json_files(paper)
+    assert paper / "claims.json" in files and len(files) > 2 * 13
+    exact = [r for c in files[paper / "claims.json"] for s in c["samples"].values() for r in s["evidence"]]
+    assert any(r["lo"] is None and r["hi"] is None for r in exact)  # the closed-system and fingerprint rows
 
 
 @pytest.mark.slow
@@ -250,6 +280,60 @@ def test_replication_needs_both_samples() -> None:
     assert replicated(["not consistent", "not consistent"]) == "not consistent"
     assert replicated(["consistent", "not consistent"]) == "inconclusive"
     assert replicated(["consistent", "inconclusive"]) == "inconclusive"
+
+
+def _decided(rows: list[dict[str, Any]], rule: str = "all") -> tuple[str, list[str]]:
+    judgement = judge(rows, rule)  # type: ignore[arg-type]
+    return judgement.verdict, list(judgement.decided_by()["evidence"])
+
+
+NEAR = row("near", _estimate(0.08, 0.01), 0.05, "above", "nats")  # 0.07 to 0.09: just above 0.05
+FAR = row("far", _estimate(1.0, 0.1), 0.05, "above", "nats")
+LOWERING = row("lowering", _estimate(-5.0, 1.0), -1.0, "below", "%")
+CLOSED_FACT = fact("closed", 0.0, True, False, "≤ 1e-05")
+SHORT = row("short", _estimate(0.04, 0.005), 0.05, "above", "nats")  # 0.035 to 0.045: just below
+RAISING = row("raising", _estimate(5.0, 1.0), -1.0, "below", "%")  # 4 to 6 against < −1: far on the wrong side
+STRADDLING = row("straddling", _estimate(0.05, 0.02), 0.05, "above", "nats")
+
+
+@pytest.mark.parametrize(
+    ("rows", "rule", "verdict", "decided"),
+    [
+        ([FAR, CLOSED_FACT, NEAR, LOWERING], "all", "consistent", ["near", "lowering"]),  # every one must hold
+        ([FAR, SHORT, RAISING], "all", "not consistent", ["raising", "short"]),  # one suffices: the clearest
+        ([NEAR, FAR], "any", "consistent", ["far", "near"]),
+        ([SHORT, RAISING], "any", "not consistent", ["short", "raising"]),  # all must fail: the nearest first
+        (
+            [FAR, STRADDLING, {**SHORT, "deciding": False}, {**STRADDLING, "evidence": "s2"}],
+            "all",
+            "inconclusive",
+            ["straddling", "s2"],
+        ),  # unclear rows in the claim's order; a reported row never decides
+    ],
+)
+def test_the_rows_that_decided_a_verdict(
+    rows: list[dict[str, Any]], rule: str, verdict: str, decided: list[str]
+) -> None:
+    """What `posleak paper` prints under each verdict: the deciding rows that say what the verdict says, the one the
+    verdict hangs on first where all must say it, the clearest first where one suffices."""
+    assert _decided(rows, rule) == (verdict, decided)
+
+
+def test_a_claim_s_terminal_lines_quote_the_deciding_row_of_both_samples() -> None:
+    """Each sample's nearest row in turn (A's "near", then B's "far"), each with its value in both samples."""
+    a = judge([FAR, NEAR])
+    b = judge([FAR, row("near", _estimate(3.0, 0.1), 0.05, "above", "nats")])  # in B "far" is the nearer
+    claim = Claim("C9", "A statement.", "criterion", {"A": a, "B": b}, "method")
+    lines = claim_lines(claim)
+    assert lines[0] == "C9 consistent: A statement. [A consistent: 2 of 2 supports; B consistent: 2 of 2 supports]"
+    shown = {
+        (sample, name): f"{e['value']:.4g} nats ({e['lo']:.3g} to {e['hi']:.3g})"
+        for sample, judgement in claim.samples.items()
+        for name, e in judgement.evidence.set_index("evidence").iterrows()
+    }
+    assert lines[1:] == [
+        f"    {name}: A {shown['A', name]}; B {shown['B', name]}; criterion > 0.05" for name in ("near", "far")
+    ]
 
 
 def _model(resid: float, mask: float, mask_early: float, spread: float = 0.1, seed: int = 0) -> AnalysisResult:

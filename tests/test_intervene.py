@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from cli import file_stamps
+from cli import file_stamps, run_main, strict_json_files
 from tiny import FAMILIES, SINK_T, WINDOW, sink_ids, sink_model, sink_scores, tiny_model, tiny_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
@@ -373,6 +373,43 @@ def test_intervene_bos_off_removes_the_bos_and_nothing_else(tmp_path: Path, chec
     runs = {name: file_stamps(out / name) for name in ("baseline", "intervened")}
     intervene(str(folder), config, out=out, progress=False)
     assert {name: file_stamps(out / name) for name in runs} == runs, "a finished run was recomputed"
+
+
+def test_intervene_ends_with_the_headline_effects_and_writes_strict_json(
+    tmp_path: Path, checkpoint: tuple[Path, Path]
+) -> None:
+    """The last lines of `posleak intervene`: each magnitude's mean over layers, baseline → intervened, its percent
+    change (from the two runs' per_layer.parquet) with the paired interval of effect.parquet, then the change of the
+    next-token loss and accuracy over all queries as behaviour.parquet has them; every JSON of the folder (its
+    manifest, the baseline's and the intervened run's) parses strictly."""
+    folder, corpus = checkpoint
+    out = tmp_path / "run"
+    proc = run_main("intervene", str(folder), "--corpus", str(corpus), "--seq-len", "24", "--num-seqs", "6",
+                    "--bootstrap", "30", "--bos", "on", "--replace-bos", "zero", "--out", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    start = next(k for k, line in enumerate(lines) if line.startswith("headline: intervened against baseline"))
+    base, new = (pd.read_parquet(out / name / "per_layer.parquet") for name in ("baseline", "intervened"))
+    effect = pd.read_parquet(out / "effect.parquet").query("layer == -1").set_index("measure")
+    measures = ["mask_early", "mask_all", "resid_early", "resid_all"]
+    for line, measure in zip(lines[start + 1 : start + 5], measures, strict=True):
+        b, n, e = base[measure].mean(), new[measure].mean(), effect.loc[measure]
+        assert line.split(maxsplit=1) == [
+            measure,
+            f"{b:.4g} → {n:.4g} nats, {100 * (n / b - 1):+.3g}% ({e['pct_lo']:+.3g}% to {e['pct_hi']:+.3g}%)",
+        ]
+    scores = pd.read_parquet(out / "behaviour.parquet").query("bucket == 'all'").set_index("measure")
+    loss, accuracy = scores.loc["loss"], scores.loc["accuracy"]
+    assert lines[start + 5] == (
+        f"  next-token loss, all queries: {loss['baseline']:.4g} → {loss['intervened']:.4g} nats, "
+        f"{loss['change']:+.3g} ({loss['change_lo']:+.3g} to {loss['change_hi']:+.3g})"
+    )
+    assert lines[start + 6].startswith(f"  top-1 accuracy, all queries: {100 * accuracy['baseline']:.1f}% → ")
+    assert len(lines) == start + 7
+    files = strict_json_files(out)
+    assert {out / "manifest.json", out / "baseline" / "manifest.json", out / "intervened" / "manifest.json"} <= set(
+        files
+    )
 
 
 def test_intervene_rope_scaling_reloads_the_model_with_the_scaled_base(

@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from cli import assert_error_lines, file_stamps, run_cli, run_main
+from cli import assert_error_lines, file_stamps, run_cli, run_main, strict_json_files
 from harness import analyze_recorded, errors_of
 from ray_hooks import plan_fault
 from reference import assert_close
@@ -781,3 +781,19 @@ def test_cli_lab_task_bad_input_is_refused_before_any_work(tmp_path: Path) -> No
     proc = run_main("lab", "--task", "copy", "--tasks", "all", "--out", str(out))
     assert_error_lines(proc, "--task and --tasks name the same thing")
     assert not out.exists()
+
+
+def test_a_rerun_reads_a_missing_measure_back_as_nan_from_strict_json(tmp_path: Path) -> None:
+    """The copy task has no chance level (NaN): its trial's complete.json holds null there (strict JSON, which the
+    standard library's bare NaN is not), and a rerun, which reads every finished trial's row back from that file,
+    gives the table of the first run, NaN and float dtype included."""
+    argv = ["lab", "--task", "copy", "--variants", "rope", "--seeds", "0", "--steps", "5", "--seq-len", "16",
+            "--batch-size", "4", "--eval-every", "5", "--warmup-steps", "1", "--out", str(tmp_path)]  # fmt: skip
+    assert run_main(*argv).returncode == 0
+    first = pd.read_parquet(tmp_path / "lab.parquet")
+    (marker,) = tmp_path.glob("trials/*/complete.json")
+    assert strict_json_files(marker.parent)[marker]["row"]["chance_1x"] is None
+    assert run_main(*argv).returncode == 0
+    again = pd.read_parquet(tmp_path / "lab.parquet")
+    assert first["chance_1x"].isna().all() and first["chance_1x"].dtype == np.float64
+    pd.testing.assert_frame_equal(again, first)

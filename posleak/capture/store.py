@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save
 from posleak.capture.masks import MaskSpec
 from posleak.capture.session import AttentionCall
 from posleak.store import atomic_write
+from posleak.store.jsonfile import dumps
 
 _LAYER_FILE = "batch{:05d}.layer{:03d}.safetensors"
 _DONE_FILE = "batch{:05d}.safetensors"
@@ -194,7 +195,7 @@ class CaptureFolder(Captures):
 
     def write_layer(self, batch: int, layer: int, tensors: dict[str, torch.Tensor], facts: CallFacts) -> None:
         data = {name: value.detach().contiguous() for name, value in tensors.items()}
-        blob = save(data, metadata={"facts": json.dumps(asdict(facts))})
+        blob = save(data, metadata={"facts": dumps(asdict(facts))})
         # not synced: a batch counts as done only once its closing file (synced) exists, and a power cut that
         # loses layer files costs recomputing that batch, while a sync per layer costs seconds per run
         atomic_write(self.path / _LAYER_FILE.format(batch, layer), lambda file: file.write(blob), sync=False)

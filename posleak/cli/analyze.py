@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from posleak.device import DEVICE_MAPS, DEVICES, DTYPES, Placement
 from posleak.runner import BACKENDS
+from posleak.store.jsonfile import dumps
 
 if TYPE_CHECKING:
     from posleak.intervene import Interventions
@@ -187,7 +187,7 @@ def _inspect(args: argparse.Namespace) -> int:
         placement=placement_from(args),
     )
     if args.json:
-        print(json.dumps(info, indent=2))
+        print(dumps(info, indent=2))
         return 0
     facts = info["facts"]
     print(
@@ -215,6 +215,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _analyze(args: argparse.Namespace) -> int:
+    from posleak.cli.summary import analysis_lines
     from posleak.commands.analyze import analyze
 
     config = config_from(args, interventions_from(args))
@@ -226,10 +227,12 @@ def _analyze(args: argparse.Namespace) -> int:
             index=False, float_format=lambda x: f"{x:.4f}"
         )
     )
+    print("\n".join(analysis_lines(result)))
     return 0
 
 
 def _intervene(args: argparse.Namespace) -> int:
+    from posleak.cli.summary import intervention_lines
     from posleak.commands.intervene import OVERALL, intervene
 
     config = config_from(args, interventions_from(args))
@@ -237,6 +240,7 @@ def _intervene(args: argparse.Namespace) -> int:
     overall = run.effect[run.effect["layer"] == OVERALL]
     print(f"wrote {args.out}: effect.parquet, report.html, baseline/, intervened/", file=sys.stderr)
     print(overall.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    print("\n".join(intervention_lines(run)))
     return 0
 
 
@@ -259,6 +263,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _paper(args: argparse.Namespace) -> int:
+    from posleak.cli.summary import paper_lines
     from posleak.errors import BadInput
     from posleak.experiments.paper import FULL, QUICK, paper_plan, reproduce
     from posleak.experiments.paper.run import reproduction_problems
@@ -269,6 +274,5 @@ def _paper(args: argparse.Namespace) -> int:
         raise BadInput(problems + reproduction_problems(Path(args.out), plan, args.backend))
     claims = reproduce(Path(args.out), plan, backend=args.backend, address=args.address)
     print(f"wrote {args.out}: report.html, claims.json, runs/", file=sys.stderr)
-    for claim in claims:
-        print(f"{claim.claim}: {claim.verdict}")
+    print("\n".join(paper_lines(claims)))
     return 0

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from posleak.models import zoo
+from posleak.store.jsonfile import dumps
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -31,7 +31,7 @@ def _rows() -> list[dict[str, Any]]:
 def _models(args: argparse.Namespace) -> int:
     rows = _rows()
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(dumps(rows, indent=2))
         return 0
     header = ["name", "architecture", "layers", "heads/KV", "RoPE base", "window", "auto BOS", "fetched"]
     table = [header] + [

@@ -24,6 +24,7 @@ from posleak.errors import PosleakError
 from posleak.lab.data import LabData
 from posleak.models.lab.model import LabForCausalLM, quiet_transformers
 from posleak.store import atomic_write
+from posleak.store.jsonfile import dumps, nan_for_none, write_json
 
 
 def check_identity(out: Path, saved: dict[str, Any], identity: dict[str, Any]) -> None:
@@ -59,7 +60,8 @@ def resume(
     optimizer.load_state_dict({"state": per_param, "param_groups": state["param_groups"]})
     if state.get("scaler"):
         scaler.load_state_dict(state["scaler"])  # float16: the gradient scale it had reached
-    return state
+    # a step without an evaluation has val_loss NaN, written as null: NaN again, as in an uninterrupted run
+    return {**state, "metrics": [nan_for_none(step) for step in state["metrics"]]}
 
 
 def save_checkpoint(
@@ -88,7 +90,7 @@ def save_checkpoint(
         "metrics": metrics,
         "scaler": scaler.state_dict(),  # empty unless float16
     }
-    (tmp / "trainer_state.json").write_text(json.dumps(trainer_state))
+    (tmp / "trainer_state.json").write_text(dumps(trainer_state))
     final = root / name
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -125,4 +127,4 @@ def save_final(
         "final_train_loss": float(metrics["train_loss"].iloc[-1]),
         "final_val_loss": float(metrics["val_loss"].dropna().iloc[-1]),
     }
-    atomic_write(out / "train.json", lambda file: file.write(json.dumps(record, indent=2).encode()))
+    write_json(out / "train.json", record)

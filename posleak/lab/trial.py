@@ -47,7 +47,7 @@ from posleak.measure.probe import ProbeConfig, best_r2, probe_positions
 from posleak.models.lab.config import LabSpec
 from posleak.models.lab.model import LabForCausalLM, load_lab_model
 from posleak.pipeline import AnalyzeConfig, analyze_model
-from posleak.store import atomic_write
+from posleak.store.jsonfile import dumps, nan_for_none, write_json
 
 MARKER = "complete.json"
 
@@ -122,7 +122,8 @@ def trial_folder(root: Path, trial: Trial) -> Path:
 def finished_row(root: Path, trial: Trial) -> dict[str, Any] | None:
     """The stored result of a finished trial, or None."""
     marker = trial_folder(root, trial) / MARKER
-    return json.loads(marker.read_text())["row"] if marker.is_file() else None
+    # a measure it could not take (a task without a chance level) was written as null: NaN again, as in a fresh row
+    return nan_for_none(json.loads(marker.read_text())["row"]) if marker.is_file() else None
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,7 @@ def _run(trial: Trial, root: Path, progress: bool) -> dict[str, Any]:
         "seed": trial.train.seed,
         **({"task": trial.train.task} if trial.train.task is not None else {}),
         **trial.spec.to_dict(),
-        "eval_overrides": json.dumps(dict(trial.overrides), sort_keys=True) if trial.overrides else "",
+        "eval_overrides": dumps(dict(trial.overrides), sort_keys=True) if trial.overrides else "",
         "final_train_loss": float(result.metrics["train_loss"].iloc[-1]),
         "final_val_loss": float(result.metrics["val_loss"].dropna().iloc[-1]),
         **values,
@@ -188,7 +189,7 @@ def _run(trial: Trial, root: Path, progress: bool) -> dict[str, Any]:
         "eval_s": round(time.perf_counter() - clock - train_s, 2),
     }
     record = {"row": row, "started_utc": started.isoformat(), "finished_utc": datetime.now(UTC).isoformat()}
-    atomic_write(folder / MARKER, lambda file: file.write(json.dumps(record, indent=2).encode()))
+    write_json(folder / MARKER, record)
     return row
 
 

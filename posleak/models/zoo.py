@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from posleak.errors import PosleakError
 from posleak.models.builtin import ZOO, WheelMember, ZooEntry, entry
 from posleak.models.facts import ModelFacts
+from posleak.store.jsonfile import dumps
 
 if TYPE_CHECKING:  # torch and transformers take seconds to import; listing and verifying need neither
     import torch
@@ -67,7 +68,7 @@ class Stamp:
         return self.files["model.safetensors"].sha256
 
     def write(self, folder: Path) -> None:
-        (folder / STAMP).write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
+        (folder / STAMP).write_text(dumps(asdict(self), indent=2, sort_keys=True) + "\n")
 
     @classmethod
     def read(cls, folder: Path) -> Stamp:

@@ -11,6 +11,7 @@ import torch
 
 from posleak.pipeline.config import AnalyzeConfig
 from posleak.store import RunFolder
+from posleak.store.jsonfile import dumps
 
 
 @dataclass
@@ -44,7 +45,7 @@ def finished_here(run: RunFolder, spec: str, config: AnalyzeConfig, command: str
     if not run.is_complete:
         return False
     args = run.read_manifest().get("args") or {}
-    same_config = args.get("config") == json.loads(json.dumps(config.identity()))
+    same_config = args.get("config") == json.loads(dumps(config.identity()))
     return same_config and args.get("model") == spec and args.get("command") == command
 
 

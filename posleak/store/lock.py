@@ -17,6 +17,7 @@ from pathlib import Path
 
 from posleak.errors import PosleakError
 from posleak.store.atomic import disk_full_as_error
+from posleak.store.jsonfile import dumps
 from posleak.store.manifest import utc_now
 
 LOCK = ".lock"
@@ -32,7 +33,7 @@ def hold_lock(folder: Path) -> Iterator[None]:
         try:
             holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": utc_now()}
             os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(holder).encode(), 0)
+            os.pwrite(fd, dumps(holder).encode(), 0)
         except BaseException:
             _release(fd, path)
             raise

@@ -28,6 +28,7 @@ import torch
 
 from posleak.errors import PosleakError
 from posleak.store.atomic import atomic_write, is_temp_file
+from posleak.store.jsonfile import write_json
 from posleak.store.lock import LOCK, hold_lock, refuse_if_held
 from posleak.store.manifest import fingerprint, utc_now
 
@@ -39,11 +40,6 @@ IN_PROGRESS = "partial"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 RunState = Literal["new", "resume", "complete"]
-
-
-def _json_bytes(obj: Any) -> bytes:
-    # allow_nan=False: NaN is not JSON, and a NaN in provenance is a bug worth failing loudly on.
-    return (json.dumps(obj, indent=2, allow_nan=False, default=str) + "\n").encode()
 
 
 def _check_name(name: str) -> str:
@@ -203,7 +199,7 @@ class RunFolder:
                 tmp.unlink(missing_ok=True)
 
     def _write_json(self, path: Path, obj: Any) -> Path:
-        return atomic_write(path, lambda file: file.write(_json_bytes(obj)))
+        return write_json(path, obj, default=str)  # strict: a missing number is null (posleak.store.jsonfile)
 
     def save_partial(self, name: str, obj: Any) -> Path:
         """Keep one finished piece of work for a later resume: tensors in plain containers (a state dict)."""

@@ -16,7 +16,7 @@ import pandas as pd
 
 from posleak.experiments.paper.plan import RoleName
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
-from posleak.experiments.paper.verdict import Judgement
+from posleak.experiments.paper.verdict import Judgement, quoted
 from posleak.pipeline import AnalysisResult
 from posleak.report.html import TableBlock
 
@@ -63,9 +63,7 @@ class ClaimModule(ABC):
 
 def quote(judgement: Judgement, evidence: str) -> str:
     """A row of evidence for a sentence: its value, unit and interval."""
-    e = judgement.evidence.set_index("evidence").loc[evidence]
-    interval = "" if pd.isna(e["lo"]) else f" ({e['lo']:.3g} to {e['hi']:.3g})"
-    return f"{e['value']:.4g}{' ' + e['unit'] if e['unit'] else ''}{interval}"
+    return quoted(judgement.evidence.set_index("evidence").loc[evidence])
 
 
 def rounded(table: pd.DataFrame) -> pd.DataFrame:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping, Sequence
 
 import pandas as pd
@@ -12,7 +11,7 @@ from posleak.experiments.paper.plan import SHOWN
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
 from posleak.experiments.paper.verdict import Claim, Judgement
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
-from posleak.store import atomic_write
+from posleak.store import write_json
 
 
 def evidence_table(judgement: Judgement) -> pd.DataFrame:
@@ -71,10 +70,7 @@ def models_section(repro: Reproduction, runs: SampleRuns) -> Section:
 def write_outputs(repro: Reproduction, claims: Sequence[Claim], runs: Mapping[str, SampleRuns]) -> None:
     """claims.json, then report.html and the manifest (every shared run folder, the plan, the verdicts)."""
     out = repro.out
-    atomic_write(
-        out.path / "claims.json",
-        lambda f: f.write(json.dumps([c.to_json() for c in claims], indent=2, default=float).encode()),
-    )
+    write_json(out.path / "claims.json", [c.to_json() for c in claims], default=float)  # a missing interval: null
     folders = {key: str(r.run.path) for sample in runs.values() for key, r in sample.named() if r.run}
     manifest = {
         "status": "complete",

@@ -15,7 +15,9 @@ consistent, or not consistent, only where both samples agree (`replicated`); a d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +28,9 @@ from posleak.experiments.evidence import Direction, Estimate, Says
 from posleak.report.html import TableBlock, Verdict
 
 EVIDENCE_COLUMNS = ("evidence", "value", "lo", "hi", "threshold", "unit", "says", "deciding")
+Rule = Literal["all", "any"]
+SAYS: dict[Verdict, Says] = {"consistent": "supports", "not consistent": "contradicts", "inconclusive": "unclear"}
+_BOUND = re.compile(r"^\s*[<>≤≥]=?\s*(\S+)\s*$")  # a threshold as `row` and `fact` write it: "> 0.05", "≤ 1e-05"
 
 
 @dataclass
@@ -34,6 +39,24 @@ class Judgement:
 
     verdict: Verdict
     evidence: pd.DataFrame
+    rule: Rule = "all"  # how the deciding rows give the verdict (`judge`)
+
+    def decided_by(self, limit: int = 2) -> pd.DataFrame:
+        """The deciding rows that gave the verdict, at most `limit`, the most telling first.
+
+        They are the deciding rows that say what the verdict says (supports for consistent, contradicts for not
+        consistent, unclear for inconclusive). Where the verdict needs every deciding row to say so ("all" rule
+        and consistent, "any" rule and not consistent), the one nearest its threshold comes first: the verdict
+        hangs on it. Where one row suffices ("all" and not consistent, "any" and consistent), the one farthest
+        beyond its threshold comes first. Unclear rows, and rows whose threshold is not one bound, keep the
+        claim's order. Distances are relative (`_beyond`), so rows in nats and in % compare."""
+        deciding = self.evidence[self.evidence["deciding"]]
+        chosen = deciding[deciding["says"] == SAYS[self.verdict]]
+        if self.verdict != "inconclusive" and not chosen.empty:
+            binding = (self.rule == "all") == (self.verdict == "consistent")
+            distance = chosen.apply(_beyond, axis=1)
+            chosen = chosen.loc[distance.sort_values(ascending=binding, na_position="last", kind="stable").index]
+        return chosen.head(limit)
 
 
 @dataclass
@@ -69,6 +92,25 @@ class Claim:
         }
 
 
+def _beyond(e: Mapping[str, Any]) -> float:
+    """How far a row's interval (its value, for a fact) lies from its threshold, over the size of the numbers
+    involved (the threshold, the value, the interval's width): unitless; NaN when the threshold is not one bound."""
+    bound = _BOUND.match(str(e["threshold"]))
+    try:
+        threshold = float(bound.group(1)) if bound else math.nan
+    except ValueError:
+        threshold = math.nan
+    lo, hi = (e["value"], e["value"]) if pd.isna(e["lo"]) else (e["lo"], e["hi"])
+    scale = max(abs(threshold), abs(e["value"]), hi - lo)
+    return min(abs(lo - threshold), abs(hi - threshold)) / scale if scale > 0 else 0.0
+
+
+def quoted(e: Mapping[str, Any]) -> str:
+    """A row of evidence for a sentence: its value, unit and interval."""
+    interval = "" if pd.isna(e["lo"]) else f" ({e['lo']:.3g} to {e['hi']:.3g})"
+    return f"{e['value']:.4g}{' ' + e['unit'] if e['unit'] else ''}{interval}"
+
+
 def replicated(verdicts: Sequence[Verdict]) -> Verdict:
     """A verdict that every sample gives; where samples disagree, inconclusive."""
     return verdicts[0] if len(set(verdicts)) == 1 else "inconclusive"
@@ -91,7 +133,7 @@ def fact(evidence: str, value: float, holds: bool, fails: bool, threshold: str, 
     return dict(zip(EVIDENCE_COLUMNS, (evidence, value, nan, nan, threshold, unit, says, True), strict=True))
 
 
-def judge(rows: list[dict[str, Any]], rule: Literal["all", "any"] = "all") -> Judgement:
+def judge(rows: list[dict[str, Any]], rule: Rule = "all") -> Judgement:
     frame = pd.DataFrame(rows, columns=list(EVIDENCE_COLUMNS))
     says = frame.loc[frame["deciding"], "says"]
     if rule == "all":
@@ -110,4 +152,4 @@ def judge(rows: list[dict[str, Any]], rule: Literal["all", "any"] = "all") -> Ju
             if (says == "contradicts").all()
             else "inconclusive"
         )
-    return Judgement(verdict, frame)
+    return Judgement(verdict, frame, rule)

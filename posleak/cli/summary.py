@@ -1,0 +1,120 @@
+"""The last lines `analyze`, `intervene` and `paper` print: the result itself, in a few readable lines.
+
+`analyze`: the mean over layers of each measured magnitude with its bootstrap interval (docs/method.md §3, §6), the
+ΔR² of absolute position over the offset (§7) and the closed system (§8). `intervene`: the change of each of those
+means and of the model's own next-token loss and accuracy, with their paired intervals (§9, §11). `paper`: each
+claim's verdict and the one or two rows of evidence that decided it (`Judgement.decided_by`), in both samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from posleak.commands.intervene import OVERALL, InterventionRun
+from posleak.experiments.evidence import layer_mean
+from posleak.experiments.paper.verdict import SAYS, Claim, quoted
+from posleak.measure import measured_magnitudes
+from posleak.pipeline import AnalysisResult
+
+_NAMES = {"resid": "residual stream", "mask": "causal mask"}
+_RANGES = {"early": "early queries", "all": "all queries", "beyond": "queries beyond the window"}
+
+
+def _what(measure: str) -> str:
+    kind, _, queries = measure.partition("_")
+    return f"{_NAMES[kind]}, {_RANGES[queries]}"
+
+
+def _interval(lo: float, hi: float, fmt: str, unit: str = "") -> str:
+    """The interval as " (lo to hi)", or nothing where the run has none (--bootstrap 0)."""
+    return "" if pd.isna(lo) or pd.isna(hi) else f" ({lo:{fmt}}{unit} to {hi:{fmt}}{unit})"
+
+
+def analysis_lines(result: AnalysisResult) -> list[str]:
+    """Each magnitude's mean over layers with its 95% interval, ΔR² and the closed system."""
+    measures = measured_magnitudes(result.per_layer)
+    has_interval = not result.bootstrap.empty
+    lines = [
+        "headline: mean over layers, nats"
+        + (", 95% bootstrap interval over sequences" if has_interval else " (no interval: --bootstrap 0)")
+        + " (docs/method.md §3, §6)"
+    ]
+    width = max(len(m) for m in measures)
+    for measure in measures:
+        if has_interval:
+            estimate = layer_mean(result, measure)
+            value, (lo, hi) = estimate.value, estimate.interval
+        else:
+            value, lo, hi = float(result.per_layer[measure].mean()), float("nan"), float("nan")
+        lines.append(f"  {measure:<{width}}  {value:.4g}{_interval(lo, hi, '.3g')}  {_what(measure)}")
+    heads = result.per_head
+    lines.append(
+        f"  ΔR² of absolute position over the offset (§7), mean over heads: logits {heads['dr2_logit'].mean():.3g}, "
+        f"log-attention {heads['dr2_logattn'].mean():.3g}"
+    )
+    closed = result.manifest["closed_system"]
+    lines.append(
+        f"  position 0 closed system (§8): {'holds' if closed['holds'] else 'VIOLATED'} "
+        f"(largest relative spread of h_0 {closed['max_rel_spread']:.2g})"
+    )
+    return lines
+
+
+def intervention_lines(run: InterventionRun) -> list[str]:
+    """The change of each magnitude's mean over layers and of the next-token loss and accuracy (all queries)."""
+    overall = run.effect[run.effect["layer"] == OVERALL]
+    lines = [
+        "headline: intervened against baseline, paired 95% bootstrap intervals over sequences; magnitudes: the change "
+        "of the mean over layers (docs/method.md §9, §11)"
+    ]
+    width = max(len(m) for m in overall["measure"])
+    for e in overall.itertuples():
+        change = f"{e.pct_change:+.3g}%{_interval(e.pct_lo, e.pct_hi, '+.3g', '%')}"
+        lines.append(f"  {e.measure:<{width}}  {e.baseline:.4g} → {e.intervened:.4g} nats, {change}")
+    scores = run.behaviour[run.behaviour["bucket"] == "all"].set_index("measure")
+    loss, accuracy = scores.loc["loss"], scores.loc["accuracy"]
+    lines.append(
+        f"  next-token loss, all queries: {loss['baseline']:.4g} → {loss['intervened']:.4g} nats, "
+        f"{loss['change']:+.3g}{_interval(loss['change_lo'], loss['change_hi'], '+.3g')}"
+    )
+    lines.append(
+        f"  top-1 accuracy, all queries: {100 * accuracy['baseline']:.1f}% → {100 * accuracy['intervened']:.1f}%, "
+        f"{100 * accuracy['change']:+.1f} points"
+        f"{_interval(100 * accuracy['change_lo'], 100 * accuracy['change_hi'], '+.1f')}"
+    )
+    return lines
+
+
+def claim_lines(claim: Claim, limit: int = 2) -> list[str]:
+    """The claim's verdict, how many deciding rows gave each sample's verdict, and the rows that decided it
+    (at most `limit`, the samples' choices taken in turn) with their value and interval in every sample."""
+    counts = []
+    for sample, judgement in claim.samples.items():
+        deciding = judgement.evidence[judgement.evidence["deciding"]]
+        agreeing = int((deciding["says"] == SAYS[judgement.verdict]).sum())
+        counts.append(f"{sample} {judgement.verdict}: {agreeing} of {len(deciding)} {SAYS[judgement.verdict]}")
+    lines = [f"{claim.claim} {claim.verdict}: {claim.statement} [{'; '.join(counts)}]"]
+    chosen = [list(j.decided_by(limit)["evidence"]) for j in claim.samples.values()]
+    names = list(dict.fromkeys(name for turn in zip(*_padded(chosen), strict=True) for name in turn if name))
+    for name in names[:limit]:
+        values, thresholds = [], []
+        for sample, judgement in claim.samples.items():
+            rows = judgement.evidence[judgement.evidence["evidence"] == name]
+            if not rows.empty:  # a row that one sample has and the other lacks is shown where it is
+                e = rows.iloc[0]
+                values.append(f"{sample} {quoted(e)}{'' if e['says'] == SAYS[judgement.verdict] else ' ' + e['says']}")
+                thresholds.append(e["threshold"])
+        lines.append(f"    {name}: {'; '.join(values)}; criterion {thresholds[0]}")
+    return lines
+
+
+def _padded(lists: Sequence[list[str]]) -> list[list[str]]:
+    longest = max((len(names) for names in lists), default=0)
+    return [names + [""] * (longest - len(names)) for names in lists]
+
+
+def paper_lines(claims: Sequence[Claim]) -> list[str]:
+    """Every claim's lines (`claim_lines`)."""
+    return [line for claim in claims for line in claim_lines(claim)]
