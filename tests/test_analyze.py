@@ -261,6 +261,35 @@ def test_window_override_is_recorded_in_the_tables(tmp_path: Path) -> None:
     assert result.manifest["interventions"] == [{"window": "global"}]
 
 
+def test_null_run_analyses_the_same_rows_moved_and_says_so(tmp_path: Path) -> None:
+    """`analyze --null shuffle --null-seed 3`: every row holds the tokens of the plain run's row, moved (the BOS
+    kept at 0); the manifest and the report say it is that null, and its folder is not reused by the plain run."""
+    model, corpus = tiny_checkpoint(tmp_path / "model"), word_corpus(tmp_path / "words.txt")
+    options = ("--corpus", str(corpus), "--seq-len", "24", "--num-seqs", "4", "--bos", "on", "--bootstrap", "10")
+    runs = {"plain": (), "shuffle": ("--null", "shuffle", "--null-seed", "3")}
+    for name, extra in runs.items():
+        proc = run_main("analyze", str(model), *options, *extra, "--out", str(tmp_path / name))
+        assert proc.returncode == 0, proc.stderr
+    plain, null = (AnalysisResult.read(RunFolder(tmp_path / name)) for name in runs)
+    targets = {"plain": plain.tokens, "shuffle": null.tokens}  # positions 1 … T − 1 of every row
+    rows = {name: np.stack(t.groupby("seq")["target"].apply(np.array).to_list()) for name, t in targets.items()}
+    assert (np.sort(rows["plain"], axis=1) == np.sort(rows["shuffle"], axis=1)).all()
+    assert (rows["plain"] != rows["shuffle"]).any()
+    assert (null.manifest["data"]["null"], null.manifest["data"]["null_seed"]) == ("shuffle", 3)
+    assert plain.manifest["data"]["null"] is None and "null" not in plain.manifest["args"]["config"]
+    assert null.manifest["data"]["pos0_token_id"] == plain.manifest["data"]["pos0_token_id"]  # the BOS
+    assert "A null, not the text" in (tmp_path / "shuffle" / "report.html").read_text()
+    again = run_main("analyze", str(model), *options, "--out", str(tmp_path / "shuffle"))
+    assert again.returncode == 2 and "different run" in again.stderr
+
+
+def test_null_options_are_checked_before_any_work(tmp_path: Path) -> None:
+    folder, out = tiny_checkpoint(tmp_path / "model"), tmp_path / "run"
+    assert_one_line_error(run_main("analyze", str(folder), "--null-seed", "5", "--out", str(out)), "without --null")
+    assert not out.exists()
+    assert AnalyzeConfig(null="reverse").problems(8, 4) == ["unknown --null 'reverse'; use one of shift, shuffle"]
+
+
 # ----------------------------------------------------------------------------------- real models
 
 

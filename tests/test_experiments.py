@@ -155,9 +155,9 @@ def test_every_intervention_comes_with_its_effect_on_the_loss(paper: Path) -> No
 def test_every_run_folder_is_complete(paper: Path) -> None:
     manifest = json.loads((paper / "manifest.json").read_text())
     folders = sorted((paper / "runs").iterdir())
-    # per sample: smollm2, 2 NTK factors, qwen, gemma, Gemma with BOS and 3 replacements, the joint sink
-    # ablation, 2 controls and the patch
-    assert len(folders) == 2 * 13
+    # per sample: smollm2, 2 NTK factors, qwen, gemma, Gemma with BOS and 3 replacements, the shuffle and shift
+    # nulls of smollm2, qwen and gemma, the joint sink ablation, 2 controls and the patch
+    assert len(folders) == 2 * 19
     assert set(manifest["runs"].values()) <= {str(folder) for folder in folders}
     for folder in folders:
         assert json.loads((folder / "manifest.json").read_text())["status"] == "complete", folder
@@ -362,6 +362,41 @@ def test_claim_c1_and_c2_verdicts(models: dict[str, AnalysisResult], verdict: st
     rows = c1.evidence.set_index("evidence")
     assert rows.loc["a: resid_all", "value"] == pytest.approx(0.5)
     assert rows.loc["a: resid_all", "lo"] > 0.05
+
+
+# Nulls of PRESENT's sequences: the residual-stream magnitude (0.5 nats, ±5% per resample) far below, at, or above
+# the text's; the causal-mask one at 0.9 nats on every null, above the text's 0.3 (it is shown, never deciding).
+FLOOR = {kind: _model(0.2, 0.9, 0.9, spread=0.05, seed=s) for s, kind in enumerate(("shuffle", "shift"))}
+AS_HIGH = {"shuffle": _model(0.5, 0.9, 0.9, seed=3), "shift": FLOOR["shift"]}
+HIGHER = {"shuffle": _model(0.9, 0.9, 0.9, spread=0.05, seed=4), "shift": FLOOR["shift"]}
+
+
+@pytest.mark.parametrize(
+    ("nulls", "c1_verdict"),
+    [(FLOOR, "consistent"), (AS_HIGH, "inconclusive"), (HIGHER, "not consistent")],
+)
+def test_c1_judges_the_residual_stream_against_its_shuffle_null_and_c2_shows_the_nulls(
+    nulls: dict[str, AnalysisResult], c1_verdict: str
+) -> None:
+    """C1: resid_all's interval against the top of the shuffle null's interval decides; the shift null and the mask
+    component's nulls are shown beside, not deciding (docs/method.md §14); C2 shows its nulls and is unchanged."""
+    c1 = claim_c1({"a": PRESENT}, {"a": nulls})
+    assert c1.verdict == c1_verdict
+    rows = c1.evidence.set_index("evidence")
+    shuffle_hi = layer_mean(nulls["shuffle"], "resid_all").interval[1]
+    assert rows.loc["a: resid_all above its shuffle null", "threshold"] == f"> {shuffle_hi:g}"
+    assert rows.loc["a: resid_all above its shuffle null", "value"] == pytest.approx(0.5)
+    assert rows.loc["a: resid_all, shuffle null", "value"] == pytest.approx(nulls["shuffle"].per_layer["resid_all"][0])
+    shown = ["a: resid_all, shift null", "a: mask_all, shuffle null", "a: mask_all, shift null"]
+    assert not rows.loc[shown, "deciding"].any() and "a: mask_all above its shuffle null" not in rows.index
+    c2 = claim_c2({"a": PRESENT}, {"a": nulls})
+    assert c2.verdict == "consistent"
+    assert list(c2.evidence["evidence"]) == [
+        "a: mask_early",
+        "a: mask_early, shuffle null",
+        "a: mask_early, shift null",
+    ]
+    assert list(c2.evidence["deciding"]) == [True, False, False]
 
 
 CLOSED, OPEN = {"run": 0.0}, {"run": 0.02}
@@ -577,6 +612,12 @@ def test_models_by_role_keep_the_built_in_folders_and_name_others_after_their_sp
         "gemma3-270m-bos-mean",
         "gemma3-270m-bos-random",
         "gemma3-270m-bos-zero",
+        "smollm2-135m-shuffle",
+        "smollm2-135m-shift",
+        "qwen2.5-coder-0.5b-shuffle",
+        "qwen2.5-coder-0.5b-shift",
+        "gemma3-270m-shuffle",
+        "gemma3-270m-shift",
     ]
     # "bos" follows "sliding" unless named; a hub id or a folder is named after its last part
     plan, problems = paper_plan(QUICK, "sliding=mistralai/Mistral-7B-v0.1, standard = /ckpt/Llama 3.1/")

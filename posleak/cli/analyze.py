@@ -37,6 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     analyze_parser.add_argument("model", help="built-in name, checkpoint folder, or hub id")
     add_analysis_options(analyze_parser)
     add_intervention_options(analyze_parser)
+    add_null_options(analyze_parser)
     analyze_parser.set_defaults(handler=_analyze)
 
     intervene = sub.add_parser("intervene", help="baseline vs intervened run on the same sequences, and the effect")
@@ -107,6 +108,19 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
         "during the last forward; beyond it they go to the run folder (auto: half the free CUDA memory; on the "
         "CPU 0, its captures being the run's checkpoints)",
     )
+
+
+def add_null_options(parser: argparse.ArgumentParser) -> None:
+    """--null and --null-seed: the analysis of a null of the same sequences (docs/method.md §14)."""
+    unset = argparse.SUPPRESS
+    group = parser.add_argument_group("nulls (docs/method.md §14)")
+    group.add_argument(
+        "--null",
+        choices=["shift", "shuffle"],
+        default=unset,
+        help="analyse the same sequences with each row's tokens circularly shifted or shuffled (a BOS stays at 0)",
+    )
+    group.add_argument("--null-seed", type=int, default=unset, help="the null's draw (with --null; default 0)")
 
 
 def add_placement_options(parser: argparse.ArgumentParser, defaults: bool) -> None:

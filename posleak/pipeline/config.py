@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posleak.data.batches import BOS_POLICIES
+from posleak.data.nulls import NULLS
 from posleak.device import Placement, budget_problems
 from posleak.intervene import Interventions
 from posleak.measure import Grid
@@ -46,6 +47,10 @@ class AnalyzeConfig:
     # (posleak.device.measure_budget: "auto", a number of bytes or a size such as "8GiB"); beyond it, captures go
     # to the host or the run folder. It changes no number, only where the captures wait.
     measure_budget: str = "auto"
+    # The analysis of a null of the sequences instead of the sequences (posleak.data.nulls, docs/method.md §14):
+    # "shift" or "shuffle", drawn with `null_seed`; None analyses the sequences as they are.
+    null: str | None = None
+    null_seed: int = 0
 
     @property
     def placement(self) -> Placement:
@@ -53,9 +58,12 @@ class AnalyzeConfig:
 
     def identity(self) -> dict[str, Any]:
         """The options a run's resume fingerprint covers: every one but `measure_budget`, which changes where the
-        captures wait and no number, so a killed run resumes under another budget."""
+        captures wait and no number, so a killed run resumes under another budget. Without a null the null's
+        options are left out, so that the run folders written before nulls existed keep their fingerprint."""
         options = dataclasses.asdict(self)
         del options["measure_budget"]
+        if self.null is None:
+            del options["null"], options["null_seed"]
         return options
 
     def problems(self, seq_len: int, num_seqs: int | None) -> list[str]:
@@ -81,6 +89,7 @@ class AnalyzeConfig:
         if self.bos not in BOS_POLICIES:
             found.append(f"unknown --bos {self.bos!r}; use one of {', '.join(BOS_POLICIES)}")
         found += budget_problems(self.measure_budget)
+        found += self.null_problems()
         if self.grid not in ("coarse", "exact"):
             found.append(f"unknown --grid {self.grid!r}; use coarse or exact")
         if self.grid == "exact" and seq_len > EXACT_TABLES_UP_TO:
@@ -88,6 +97,17 @@ class AnalyzeConfig:
                 f"--grid exact writes one table row per (query, offset) pair and head, too many at T = {seq_len}; "
                 f"use --grid coarse (the magnitudes are the same on every grid) or T ≤ {EXACT_TABLES_UP_TO}"
             )
+        return found
+
+    def null_problems(self) -> list[str]:
+        """What is wrong with the null's options (`problems` includes them)."""
+        found = []
+        if self.null is not None and self.null not in NULLS:
+            found.append(f"unknown --null {self.null!r}; use one of {', '.join(NULLS)}")
+        if not 0 <= self.null_seed < SEEDS:
+            found.append(f"--null-seed {self.null_seed} is out of range; use a seed from 0 to {SEEDS - 1}")
+        elif self.null is None and self.null_seed != 0:
+            found.append(f"--null-seed {self.null_seed} without --null; name the null it draws (shift or shuffle)")
         return found
 
 

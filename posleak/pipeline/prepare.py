@@ -17,6 +17,7 @@ import torch
 from posleak.capture.residual import decoder_layers, skipped_layers
 from posleak.data.batches import TokenBatch, load_token_file, make_sequences, shape_problems
 from posleak.data.corpus import load_corpus
+from posleak.data.nulls import make_null
 from posleak.device import Placement
 from posleak.intervene import Interventions
 from posleak.models.facts import attention_chunk
@@ -185,22 +186,25 @@ def load_for(
 
 
 def sequences_for(loaded: LoadedModel, config: AnalyzeConfig) -> TokenBatch:
-    """The sequences of `config` for `loaded`: its token file, or sequences drawn from its corpus."""
+    """The sequences of `config` for `loaded`: its token file, or sequences drawn from its corpus; their null
+    where `config.null` names one (the same rows, each row's tokens moved: posleak.data.nulls)."""
     max_len = loaded.facts.max_positions
     if config.tokens is not None:
-        return load_token_file(
+        batch = load_token_file(
             config.tokens, vocab_size=loaded.facts.vocab_size, max_len=max_len, bos_id=loaded.tokenizer.bos_token_id
         )
-    return make_sequences(
-        load_corpus(config.corpus),
-        loaded.tokenizer,
-        config.seq_len,
-        config.num_seqs,
-        bos=config.bos,  # type: ignore[arg-type]
-        seed=config.seed,
-        cross_documents=config.cross_documents,
-        max_len=max_len,
-    )
+    else:
+        batch = make_sequences(
+            load_corpus(config.corpus),
+            loaded.tokenizer,
+            config.seq_len,
+            config.num_seqs,
+            bos=config.bos,  # type: ignore[arg-type]
+            seed=config.seed,
+            cross_documents=config.cross_documents,
+            max_len=max_len,
+        )
+    return batch if config.null is None else make_null(batch, config.null, config.null_seed)  # type: ignore[arg-type]
 
 
 def run_args(model_id: str, loaded: LoadedModel | None, batch: TokenBatch, config: AnalyzeConfig) -> dict[str, Any]:

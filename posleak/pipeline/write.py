@@ -161,10 +161,16 @@ def write_run(run: RunFolder, result: AnalysisResult) -> None:
     }
     render_report(
         run,
-        f"posleak analysis: {result.manifest['model']['id']}",
+        f"posleak analysis: {result.manifest['model']['id']}" + _null_title(result.manifest),
         report_sections(result, paths),
         manifest=result.manifest,
     )
+
+
+def _null_title(manifest: dict[str, Any]) -> str:
+    """What the report's title adds for a null run ("" for the sequences as they are)."""
+    null = manifest["data"].get("null")
+    return f" ({null} null, seed {manifest['data']['null_seed']})" if null else ""
 
 
 def report_sections(result: AnalysisResult, paths: dict[str, Path]) -> list[Section]:
@@ -177,6 +183,13 @@ def report_sections(result: AnalysisResult, paths: dict[str, Path]) -> list[Sect
         f"Position 0 closed system: {'holds' if closed['holds'] else 'VIOLATED'} "
         f"(largest relative spread {closed['max_rel_spread']:.2g} over {closed['groups']} group(s))."
     )
+    if null := result.manifest["data"].get("null"):
+        moved = "shuffled" if null == "shuffle" else "circularly shifted"
+        summary = (
+            f"**A null, not the text**: the tokens of every sequence were {moved} (the {null} null, seed "
+            f"{result.manifest['data']['null_seed']}; a BOS at position 0 stays there) before the analysis, so these "
+            f"are the magnitudes of the null (docs/method.md §14). " + summary
+        )
     if skipped := result.manifest.get("skipped_layers"):
         summary += " Skipped: " + "; ".join(f"layer {index}: {reason}" for index, reason in skipped.items()) + "."
     return [

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from posleak.experiments.evidence import layer_mean
-from posleak.experiments.paper.c1 import MIN_MAGNITUDE
+from posleak.experiments.paper.c1 import MIN_MAGNITUDE, null_rows
 from posleak.experiments.paper.claim import ClaimModule, quote
 from posleak.experiments.paper.reproduction import SampleRuns
 from posleak.experiments.paper.verdict import Judgement, judge, row
@@ -16,15 +16,21 @@ from posleak.report import figures
 C2_CRITERION = (
     f"In every model, the causal-mask magnitude over early queries (1 ≤ i < K), averaged over layers, has a 95% "
     f"interval above {MIN_MAGNITUDE} nats. Not consistent if it lies below in some model. (m(i) never rises with i "
-    "under a causal mask, by construction, so its direction is not evidence; its size is.)"
+    "under a causal mask, by construction, so its direction is not evidence; its size is.) It is shown beside the "
+    "same magnitude on the same sequences with their tokens shuffled and circularly shifted, not judged against "
+    "them: the mask acts on every null alike (docs/method.md §14)."
 )
 
 
-def claim_c2(models: Mapping[str, AnalysisResult]) -> Judgement:
-    rows = [
-        row(f"{label}: mask_early", layer_mean(result, "mask_early"), MIN_MAGNITUDE, "above", "nats")
-        for label, result in models.items()
-    ]
+def claim_c2(
+    models: Mapping[str, AnalysisResult], nulls: Mapping[str, Mapping[str, AnalysisResult]] | None = None
+) -> Judgement:
+    """C2's criterion on the baselines `models` (by label), each shown beside its nulls (`nulls`, by kind)."""
+    rows = []
+    for label, result in models.items():
+        estimate = layer_mean(result, "mask_early")
+        rows.append(row(f"{label}: mask_early", estimate, MIN_MAGNITUDE, "above", "nats"))
+        rows += null_rows(label, "mask_early", estimate, (nulls or {}).get(label, {}), None)
     return judge(rows)
 
 
@@ -36,7 +42,7 @@ class C2(ClaimModule):
     method = "m(i) = −logsumexp over the offsets the mask admits of the relative part g(d) (docs/method.md §2)."
 
     def judge(self, runs: SampleRuns, sample: str) -> Judgement:
-        return claim_c2(runs.baselines())
+        return claim_c2(runs.baselines(), runs.baseline_nulls())
 
     def against_paper(self, judgement: Judgement, runs: SampleRuns) -> str:
         model = runs.roles["standard"].label

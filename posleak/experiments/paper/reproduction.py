@@ -22,6 +22,8 @@ from posleak.pipeline import AnalysisResult, AnalyzeConfig
 from posleak.store import RunFolder
 
 BOS_KINDS = ("mean", "random", "zero")  # C5: what replaces the BOS's embedding
+NULL_KINDS = ("shuffle", "shift")  # C1, C2: each judged magnitude beside the same on these nulls of its sequences
+BASELINE_ROLES: tuple[RoleName, ...] = ("standard", "large-base", "sliding")  # the models C1, C2 (and C4) judge
 
 
 class Reproduction:
@@ -78,17 +80,19 @@ def analysis_config(plan: Plan, role: RoleName, **changes: Any) -> AnalyzeConfig
 @dataclass(frozen=True)
 class Analysis:
     """One shared analysis: the model of `role` under `interventions`, into OUT/runs/FOLDER-SAMPLE; `key` names
-    it in the manifest's runs (with the sample)."""
+    it in the manifest's runs (with the sample); `null`: on that null of the role's sequences (NULL_KINDS)."""
 
     key: str
     role: RoleName
     folder: str
     interventions: Interventions = dataclasses.field(default_factory=Interventions)
+    null: str | None = None
 
 
 def shared_analyses(plan: Plan) -> list[Analysis]:
     """The analyses that need nothing else, in the order they run: every baseline, the standard model under each
-    NTK factor (C4), the BOS baseline and its replacements (C5)."""
+    NTK factor (C4), the BOS baseline and its replacements (C5), then each null of the models C1 and C2 judge, at
+    their own T and N."""
     roles = plan.roles
     standard, bos = roles["standard"], roles["bos"]
     ntk = [
@@ -99,7 +103,12 @@ def shared_analyses(plan: Plan) -> list[Analysis]:
         Analysis(_bos_key(kind), "bos", f"{bos.folder}-{kind}", Interventions(replace_bos=kind)) for kind in BOS_KINDS
     ]
     plain = {role: Analysis(roles[role].key, role, roles[role].folder) for role in roles}
-    return [plain["standard"], *ntk, plain["large-base"], plain["sliding"], plain["bos"], *replaced]
+    nulls = [
+        Analysis(_null_key(roles[role].key, kind), role, f"{roles[role].folder}-{kind}", null=kind)
+        for role in BASELINE_ROLES
+        for kind in NULL_KINDS
+    ]
+    return [plain["standard"], *ntk, plain["large-base"], plain["sliding"], plain["bos"], *replaced, *nulls]
 
 
 def _ntk_key(factor: float) -> str:
@@ -108,6 +117,10 @@ def _ntk_key(factor: float) -> str:
 
 def _bos_key(kind: str) -> str:
     return f"bos-{kind}"
+
+
+def _null_key(role_key: str, kind: str) -> str:
+    return f"{role_key}-{kind}"
 
 
 @dataclass(frozen=True)
@@ -120,7 +133,8 @@ class SampleRuns:
     sliding: AnalysisResult
     bos_baseline: AnalysisResult
     bos: dict[str, AnalysisResult]  # the BOS replacements, by kind
-    keys: tuple[str, ...]  # the manifest key of every run of `all()`, in its order
+    nulls: dict[RoleName, dict[str, AnalysisResult]]  # per role of BASELINE_ROLES, its baseline on each null
+    keys: tuple[str, ...]  # the manifest key of every run of `named()`, in its order
     roles: Mapping[RoleName, Role]  # the model of each role (the plan's)
 
     def all(self) -> list[AnalysisResult]:
@@ -145,12 +159,17 @@ class SampleRuns:
         }
 
     def named(self) -> Iterator[tuple[str, AnalysisResult]]:
-        return zip(self.keys, self.all(), strict=True)
+        """Every shared analysis of the sample with its manifest key: `all()`, then the nulls."""
+        nulls = [result for by_kind in self.nulls.values() for result in by_kind.values()]
+        return zip(self.keys, [*self.all(), *nulls], strict=True)
 
     def baselines(self) -> dict[str, AnalysisResult]:
         """The three pretrained models, by the label the evidence gives them (C1, C2, C4)."""
-        roles: tuple[RoleName, ...] = ("standard", "large-base", "sliding")
-        return {self.roles[role].label: self.by_role()[role] for role in roles}
+        return {self.roles[role].label: self.by_role()[role] for role in BASELINE_ROLES}
+
+    def baseline_nulls(self) -> dict[str, dict[str, AnalysisResult]]:
+        """Per label of `baselines()`, its model's analysis on each null of the same sequences (NULL_KINDS)."""
+        return {self.roles[role].label: self.nulls[role] for role in BASELINE_ROLES}
 
     def ntk_variants(self) -> dict[str, AnalysisResult]:
         """The standard model under each NTK factor, labelled `MODEL ntk:K`."""
@@ -168,7 +187,7 @@ def run_shared(repro: Reproduction) -> dict[str, SampleRuns]:
         repro.job(
             a.folder,
             roles[a.role].model,
-            repro.config(a.role, interventions=a.interventions),
+            repro.config(a.role, interventions=a.interventions, null=a.null),
             sample,
         )
         for sample in SAMPLES
@@ -185,6 +204,7 @@ def run_shared(repro: Reproduction) -> dict[str, SampleRuns]:
             sliding=by_key[roles["sliding"].key],
             bos_baseline=by_key[roles["bos"].key],
             bos={kind: by_key[_bos_key(kind)] for kind in BOS_KINDS},
+            nulls={role: {k: by_key[_null_key(roles[role].key, k)] for k in NULL_KINDS} for role in BASELINE_ROLES},
             keys=tuple(f"{a.key}-{sample}" for a in analyses),
             roles=roles,
         )
