@@ -200,6 +200,8 @@ def _variant_of(table: pd.DataFrame) -> pd.Series:
 def variant_table(table: pd.DataFrame, multiples: tuple[int, ...]) -> pd.DataFrame:
     """Per task and variant: mean and t-interval over seeds of accuracy at each length and of each component."""
     table = table.assign(arm=_variant_of(table))
+    for column, old in (("stop", "cap"), ("steps_trained", np.nan)):  # rows of trials from before the criterion
+        table[column] = table[column].fillna(old) if column in table else old
     measures = [f"acc_{m}x" for m in multiples] + list(COMPONENTS)
     rows = []
     for (task, arm), group in table.groupby(["task", "arm"], sort=False):

@@ -150,7 +150,8 @@ class TrainConfig:
             rules.append(f"until its validation exact match ({self.eval_seqs} rows) reached {100 * self.target:g}%")
         if self.patience is not None:
             rules.append(f"or had not improved for {self.patience} evaluations of every {self.eval_every} steps")
-        return " ".join([*rules, f"under a cap of {self.steps} steps"]) if rules else f"for {self.steps} steps"
+        cap = f"under a cap of {self.steps} steps"
+        return f"{' '.join(rules)}, {cap}" if rules else f"for {self.steps} steps"
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
