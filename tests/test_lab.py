@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -41,6 +42,7 @@ from posleak.lab.data import lab_sequences, prepare_data
 from posleak.lab.plan import run_plan
 from posleak.lab.sweep import SweepSpec
 from posleak.lab.tasks import generate
+from posleak.lab.train_config import outcome
 from posleak.lab.trainer import TrainConfig, train
 from posleak.lab.trial import MARKER, EvalConfig, Trial, trial_folder
 from posleak.lab.variants import LAB_COLUMNS, LabRun
@@ -326,8 +328,9 @@ TINY_TRAIN = TrainConfig(steps=24, seq_len=32, batch_size=8, lr=3e-3, warmup_ste
 def test_trainer_lowers_the_loss_and_saves_a_loadable_model(tmp_path: Path) -> None:
     result = train(LabSpec(size="tiny"), TINY_TRAIN, tmp_path, progress=False)
     metrics = result.metrics
-    assert list(metrics.columns) == ["step", "train_loss", "val_loss", "tokens_per_s"]
+    assert list(metrics.columns) == ["step", "train_loss", "val_loss", "val_acc", "tokens_per_s"]
     assert metrics["step"].tolist() == list(range(1, 25))
+    assert metrics["val_acc"].isna().all()  # a corpus run has no exact match
     assert metrics["train_loss"].iloc[0] > math.log(512) - 0.1
     val = metrics["val_loss"].dropna()
     assert val.iloc[-1] < metrics["train_loss"].iloc[0] - 0.8
@@ -337,7 +340,8 @@ def test_trainer_lowers_the_loss_and_saves_a_loadable_model(tmp_path: Path) -> N
     assert isinstance(model, LabForCausalLM)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     assert tokenizer.bos_token_id == model.config.bos_token_id == 0
-    assert json.loads((tmp_path / "train.json").read_text())["train"]["steps"] == 24
+    record = json.loads((tmp_path / "train.json").read_text())
+    assert (record["train"]["steps"], record["stopped_step"], record["stop_reason"]) == (24, 24, "cap")
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -797,3 +801,65 @@ def test_a_rerun_reads_a_missing_measure_back_as_nan_from_strict_json(tmp_path: 
     again = pd.read_parquet(tmp_path / "lab.parquet")
     assert first["chance_1x"].isna().all() and first["chance_1x"].dtype == np.float64
     pd.testing.assert_frame_equal(again, first)
+
+
+def _count_run(out: Path, **options: Any) -> TrainConfig:
+    """A count task at 8 tokens (answer: the marker's index among 3 content tokens), which the tiny RoPE model
+    learns in about 70 steps: evaluated every 10 steps on 64 validation rows."""
+    values = dict(task="count", seq_len=8, steps=300, batch_size=32, lr=3e-3, warmup_steps=10, eval_every=10)
+    return TrainConfig(**{**values, "eval_seqs": 64, "checkpoint_every": 1000, "device": "cpu", **options})
+
+
+def test_training_stops_at_its_target_on_a_plateau_or_at_its_cap(tmp_path: Path) -> None:
+    """Three real runs: one that learns stops at the first evaluation whose exact match (recomputed here from the
+    saved model by argmax over the validation rows' answers) reaches the target, every earlier one below it, and a
+    run interrupted midway and resumed stops at the same step with the same metrics; a learning rate of 1e-12 moves
+    nothing, so with patience 3 it stops on a plateau at its 4th evaluation; a cap below the learning time stops
+    there. train.json and the result name the step and the reason."""
+    spec = LabSpec(size="tiny", pe="rope")
+    config = _count_run(tmp_path, target=0.99, patience=6)
+    learned = train(spec, config, tmp_path / "learned", progress=False)
+    assert learned.finished and learned.stop_reason == "target" and learned.step < config.steps
+    evals = learned.metrics.dropna(subset=["val_loss"])
+    assert int(evals["step"].iloc[-1]) == learned.step
+    assert (evals["val_acc"].iloc[:-1] < 0.99).all() and evals["val_acc"].iloc[-1] >= 0.99
+    rows = generate("count", 64, 8, (0, 1))  # the validation stream (seed 0, TASK_VAL)
+    model = load_lab_model(str(tmp_path / "learned"))
+    with torch.no_grad():
+        predicted = model(input_ids=rows.ids).logits[:, :-1].argmax(-1)
+    exact = [bool((predicted[n][rows.answers[n]] == rows.ids[n, 1:][rows.answers[n]]).all()) for n in range(64)]
+    assert evals["val_acc"].iloc[-1] == pytest.approx(np.mean(exact), abs=1e-12)
+    record = json.loads((tmp_path / "learned" / "train.json").read_text())
+    assert (record["stopped_step"], record["stop_reason"]) == (learned.step, "target")
+
+    resumed_config = replace(config, checkpoint_every=10)
+    part = train(spec, resumed_config, tmp_path / "resumed", until=learned.step - 20, progress=False)
+    assert not part.finished and part.step == learned.step - 20
+    resumed = train(spec, resumed_config, tmp_path / "resumed", progress=False)
+    assert (resumed.step, resumed.stop_reason) == (learned.step, "target")
+    pd.testing.assert_frame_equal(
+        resumed.metrics.drop(columns="tokens_per_s"), learned.metrics.drop(columns="tokens_per_s")
+    )
+
+    still = train(spec, _count_run(tmp_path, lr=1e-12, target=0.99, patience=3), tmp_path / "still", progress=False)
+    assert (still.step, still.stop_reason) == (40, "plateau")
+    capped = train(spec, _count_run(tmp_path, steps=20, target=0.99), tmp_path / "capped", progress=False)
+    assert (capped.step, capped.stop_reason) == (20, "cap")
+    assert capped.metrics["val_acc"].dropna().max() < 0.99
+
+
+def test_a_variant_is_unable_to_learn_only_when_its_seeds_stopped_on_a_plateau() -> None:
+    assert outcome(["target"] * 3) == ("target 3", "learned")
+    assert outcome(["plateau"] * 3) == ("plateau 3", "unable to learn")
+    assert outcome(["plateau", "cap", "plateau"]) == ("plateau 2, cap 1", "not learned within the cap")
+    assert outcome(["cap"] * 2) == ("cap 2", "not learned within the cap")
+    assert outcome(["target", "plateau", "cap"]) == ("target 1, plateau 1, cap 1", "learned by 1 of 3 seeds")
+
+
+def test_stopping_options_are_refused_in_one_line_each_before_any_work(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = run_main("lab", "--task", "copy", "--target", "1.5", "--patience", "0", "--out", str(out))
+    assert_error_lines(proc, "target 1.5 must be an exact-match share in (0, 1]", "patience must be at least 1")
+    proc = run_main("lab", "--variants", "rope", "--target", "0.9", "--out", str(out))
+    assert_error_lines(proc, "--target and --patience stop a task run on its exact match")
+    assert not out.exists()

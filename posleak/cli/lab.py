@@ -48,6 +48,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help=f"comma-separated training seeds of a task run (default {','.join(map(str, TASK_SEEDS))}; "
         "intervals are over seeds)",
     )
+    tasks.add_argument(
+        "--target",
+        type=float,
+        help="stop a trial once its validation exact match reaches this share (default 0.99; --steps is the cap, "
+        "default 1000)",
+    )
+    tasks.add_argument(
+        "--patience",
+        type=int,
+        help="stop a trial after this many evaluations (every --eval-every steps, default 50) that improved on "
+        "neither its best exact match nor its best validation loss (default 6)",
+    )
     _add_training_options(lab_parser)
     _add_backend_options(lab_parser)
     lab_parser.add_argument("--out", required=True, help="output folder (rerun to resume; finished variants stay)")
@@ -213,7 +225,8 @@ def _task_lab(args: argparse.Namespace) -> int:
     outcome = run_plan(config.plan(), args.out, backend=args.backend, address=args.address, jobs=args.jobs)
     choices = outcome.extras["choices"]
     first = choices[choices["multiple"] == choices["multiple"].min()]
-    print(first[["task", "variant", "rank", "accuracy", "accuracy_lo", "accuracy_hi", "beats"]].to_string(index=False))
+    columns = ["task", "variant", "outcome", "steps", "rank", "accuracy", "accuracy_lo", "accuracy_hi", "beats"]
+    print(first[columns].to_string(index=False))
     print(f"choices: {Path(args.out) / 'choices.parquet'}, report: {Path(args.out) / 'report.html'}")
     return 0
 

@@ -107,8 +107,10 @@ def save_final(
     tokenizer: PreTrainedTokenizerFast,
     metrics: pd.DataFrame,
     data: LabData | None,
+    stopped: tuple[int, str],
 ) -> None:
-    """Model, tokenizer and metrics first, `train.json` last: a folder with train.json is complete."""
+    """Model, tokenizer and metrics first, `train.json` last: a folder with train.json is complete. `stopped`: the
+    last step trained and why it stopped there (target, plateau, cap)."""
     tmp = out / ".final.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     with quiet_transformers():
@@ -126,5 +128,7 @@ def save_final(
         "transformers": transformers.__version__,
         "final_train_loss": float(metrics["train_loss"].iloc[-1]),
         "final_val_loss": float(metrics["val_loss"].dropna().iloc[-1]),
+        "stopped_step": stopped[0],
+        "stop_reason": stopped[1],
     }
     write_json(out / "train.json", record)

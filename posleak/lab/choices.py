@@ -7,11 +7,12 @@ residual-stream magnitudes and the position probe on rows of the task. Written i
 
 - `lab.parquet`: one row per trial;
 - `variants.parquet`: per task and variant, the mean over seeds of each measure with a 95% t-interval over seeds
-  (`{measure}`, `{measure}_lo`, `{measure}_hi`), the number of seeds and the mean training time;
+  (`{measure}`, `{measure}_lo`, `{measure}_hi`), the number of seeds, the mean training time and steps, how many
+  seeds stopped on each reason (`stops`, e.g. "target 2, plateau 1") and the `outcome` they add up to;
 - `choices.parquet`: per task, length multiple and variant, the accuracy and its interval, the rank (1 = highest
   mean), the variants it beats and is beaten by *beyond the seed spread* (95% intervals over seeds that do not
   overlap), the analytic chance level where the task has one, and the variant's mask and residual-stream
-  magnitudes and probe R² (means over seeds);
+  magnitudes and probe R² (means over seeds), its steps, stops and outcome;
 - `components.parquet`: per task and length, Spearman's ρ over trials between accuracy and each measured
   component, with a 95% bootstrap interval over trials; `supported` where the interval excludes 0;
 - the lab's tables, figures and report (`posleak.lab.results`) with a section on the choices.
@@ -35,7 +36,7 @@ from scipy import stats
 from posleak.errors import BadInput
 from posleak.lab.plan import LabPlan
 from posleak.lab.tasks import TASKS, parse_tasks
-from posleak.lab.trainer import TrainConfig
+from posleak.lab.train_config import TrainConfig, outcome
 from posleak.lab.trial import EvalConfig
 from posleak.lab.variants import LabRun, lab_table, variant_problems
 from posleak.models.lab.config import TASK_SEEDS, TASK_VARIANTS
@@ -43,9 +44,19 @@ from posleak.report.html import FigureBlock, Section, TableBlock
 from posleak.store import RunFolder, atomic_write
 from posleak.validate import Problems, natural_number
 
-# The default budget of a task run: sized so that `posleak lab --tasks all` (5 tasks × 3 variants × 3 seeds) takes
-# about a quarter of an hour on two cores (README).
-TASK_TRAIN = TrainConfig(steps=500, seq_len=32, batch_size=32, lr=3e-3, warmup_steps=50, eval_every=100)
+# The default budget of a task run (docs/method.md §12): each trial trains until its validation exact match (200
+# rows) reaches 99% or has not improved for 6 evaluations of every 50 steps, under a cap of 1000 steps.
+TASK_TRAIN = TrainConfig(
+    steps=1000,
+    seq_len=32,
+    batch_size=32,
+    lr=3e-3,
+    warmup_steps=50,
+    eval_every=50,
+    eval_seqs=200,
+    target=0.99,
+    patience=6,
+)
 TASK_EVAL = EvalConfig(probe_seqs=16, analyze_seqs=16, bootstrap=50, task_seqs=200)
 COMPONENTS = ("mask_all", "resid_all", "probe_r2_best")
 LEVEL = 0.95
@@ -139,8 +150,8 @@ class TaskLab:
             title="posleak lab: architecture choices on tasks that need position",
             intro=(
                 f"Tasks {', '.join(self.tasks)}; variants {', '.join(self.variants)} of the {self.size} lab decoder, "
-                f"seeds {', '.join(map(str, self.seeds))}; each trained for {self.train.steps} steps of "
-                f"{self.train.batch_size} rows × {self.train.seq_len} tokens of its task (loss on the answers only), "
+                f"seeds {', '.join(map(str, self.seeds))}; each trained on {self.train.batch_size} rows × "
+                f"{self.train.seq_len} tokens of its task a step (loss on the answers only), {self.train.criterion()}, "
                 f"then scored by exact match on {self.eval.task_seqs} fresh rows at "
                 f"{', '.join(f'{m}×' for m in multiples)} the training length."
             ),
@@ -156,7 +167,6 @@ class TaskLab:
             table=lab_table,
             extras=lambda run, table: choice_tables(run, table, multiples),
         )
-
 
 
 def choice_tables(
@@ -190,10 +200,14 @@ def _variant_of(table: pd.DataFrame) -> pd.Series:
 def variant_table(table: pd.DataFrame, multiples: tuple[int, ...]) -> pd.DataFrame:
     """Per task and variant: mean and t-interval over seeds of accuracy at each length and of each component."""
     table = table.assign(arm=_variant_of(table))
+    for column, old in (("stop", "cap"), ("steps_trained", np.nan)):  # rows of trials from before the criterion
+        table[column] = table[column].fillna(old) if column in table else old
     measures = [f"acc_{m}x" for m in multiples] + list(COMPONENTS)
     rows = []
     for (task, arm), group in table.groupby(["task", "arm"], sort=False):
         row: dict[str, Any] = {"task": task, "variant": arm, "seeds": len(group), "train_s": group["train_s"].mean()}
+        row["steps"] = group["steps_trained"].mean()
+        row["stops"], row["outcome"] = outcome(group["stop"].tolist())
         for measure in measures:
             bounds = (0.0, 1.0) if measure.startswith("acc_") else (-np.inf, np.inf)
             row[measure], row[f"{measure}_lo"], row[f"{measure}_hi"] = seed_interval(
@@ -230,6 +244,7 @@ def choices_table(table: pd.DataFrame, variants: pd.DataFrame, multiples: tuple[
                         "chance": group.at[k, f"chance_{m}x"],
                         **{component: group.at[k, component] for component in COMPONENTS},
                         "seeds": int(group.at[k, "seeds"]),
+                        **{name: group.at[k, name] for name in ("steps", "stops", "outcome")},
                     }
                 )
     return pd.DataFrame(rows).sort_values(["task", "multiple", "rank"], kind="stable", ignore_index=True)
@@ -315,6 +330,12 @@ def _task_paragraph(
 ) -> str:
     """One task's part of the choices section (see `choices_section`)."""
     lines = [f"**{task}** (needs {TASKS[task].NEEDS} position):"]
+    trained = variants[variants["task"] == task]
+    lines.append(
+        "- training: "
+        + "; ".join(f"{r.variant} {r.outcome} ({r.stops}; {r.steps:.0f} steps)" for r in trained.itertuples())
+        + "."
+    )
     for m in multiples:
         cell = choices[(choices["task"] == task) & (choices["multiple"] == m)]
         ranking = ", ".join(
@@ -325,6 +346,8 @@ def _task_paragraph(
         chance = cell["chance"].iloc[0]
         chance_note = f"; chance {100 * chance:.1f}%" if np.isfinite(chance) else ""
         verdict = "; ".join(beyond) if beyond else "no two variants differ beyond the seed spread"
+        if not trained["outcome"].str.startswith("learned").any():
+            verdict = "no variant learned the task, so these accuracies rank nothing"
         lines.append(f"- {m}×: {ranking}{chance_note}. {verdict}.")
     for m in multiples:
         rel = components[(components["task"] == task) & (components["multiple"] == m)]

@@ -35,6 +35,8 @@ def run_trials(
     problems.extend(backend_problems(backend))
     if jobs < 1:
         problems.add(f"jobs must be at least 1, got {jobs}")
+    for config in dict.fromkeys(trial.train for trial in trials):
+        problems.extend(config.stopping_problems())
     if address is None:  # the trials run on this machine: a device it lacks is refused before any trial starts
         for placement in dict.fromkeys(trial.train.placement for trial in trials):
             problems.extend(placement.problems())

@@ -3,8 +3,9 @@
 `train(spec, config, out)` writes into `out`:
 
 - `model.safetensors`, `config.json` (a `LabConfig`), the tokenizer files, `metrics.parquet`
-  (`step, train_loss, val_loss, tokens_per_s`; val_loss is NaN between evaluations) and, last,
-  `train.json` (the options and provenance) — its presence means the run finished;
+  (`step, train_loss, val_loss, val_acc, tokens_per_s`; val_loss and val_acc are NaN between evaluations,
+  val_acc also in corpus runs, which have no exact match) and, last, `train.json` (the options, provenance,
+  the step it stopped at and why: `stopped_step`, `stop_reason`) — its presence means the run finished;
 - `checkpoints/step-NNNNNN/` (model, optimizer state in safetensors, trainer state in JSON) and
   `checkpoints/latest`, a one-line pointer replaced atomically once a checkpoint is complete.
 
@@ -12,6 +13,10 @@ Determinism: the weights are initialised under `torch.manual_seed(seed)` and the
 a pure function of (seed, s) — the rows of an epoch are a seeded permutation of every training
 window — so nothing but the step number has to be restored. A resumed run therefore takes the same
 batches and the same learning rates as an uninterrupted one and ends with the same weights.
+
+Stopping: a run trains up to `steps` (the cap) and stops earlier on its task's target exact match or on a
+plateau (`posleak.lab.train_config`); the decision is a function of the metrics, which checkpoints keep, so a
+resumed run stops where an uninterrupted one does.
 
 Data: the corpus split by document and the windows cut from it, or a task's rows (`posleak.lab.data`).
 
@@ -45,16 +50,16 @@ from tqdm.auto import tqdm
 from posleak.errors import BadInput
 from posleak.lab import checkpoint
 from posleak.lab.data import TASK_TRAIN, TASK_VAL, BatchOrder, LabData, lab_sequences, prepare_data, task_rows
-from posleak.lab.tasks import task_tokenizer
+from posleak.lab.tasks import TaskBatch, solved, task_tokenizer
 from posleak.lab.train_config import MAX_LENGTH_MULTIPLE, TrainConfig
 from posleak.models.lab.config import LabSpec
 from posleak.models.lab.hf_config import LabConfig
 from posleak.models.lab.model import LabForCausalLM, build_lab_model, load_lab_model
 from posleak.validate import out_folder_problems
 
-__all__ = ["TrainConfig", "TrainResult", "evaluate_loss", "torch_threads", "train"]
+__all__ = ["TrainConfig", "TrainResult", "evaluate_loss", "task_solved", "torch_threads", "train"]
 
-METRICS_COLUMNS = ("step", "train_loss", "val_loss", "tokens_per_s")
+METRICS_COLUMNS = ("step", "train_loss", "val_loss", "val_acc", "tokens_per_s")
 
 
 def loss_mask(config: LabConfig, seq_len: int) -> torch.Tensor:
@@ -89,14 +94,28 @@ def evaluate_loss(
     return total / count
 
 
+@torch.no_grad()
+def task_solved(model: LabForCausalLM, rows: TaskBatch, batch_size: int = 16) -> torch.Tensor:
+    """(N,) bool: rows whose every answer the model predicts top-1, with the row as its prefix."""
+    was_training = model.training
+    model.eval()
+    predictions = [
+        model(input_ids=rows.ids[start : start + batch_size].to(model.device)).logits[:, :-1].argmax(-1).cpu()
+        for start in range(0, rows.ids.shape[0], batch_size)
+    ]
+    model.train(was_training)
+    return solved(torch.cat(predictions), rows)
+
+
 @dataclass
 class TrainResult:
     """Where the run lives and what it measured."""
 
     out: Path
     metrics: pd.DataFrame
-    finished: bool  # False when `until` stopped it before config.steps
-    step: int
+    finished: bool  # False when `until` stopped it before it met its criterion or its cap
+    step: int  # the last step trained
+    stop_reason: str | None = None  # target, plateau or cap once finished (posleak.lab.train_config)
 
     def model(self) -> LabForCausalLM:
         return load_lab_model(str(self.out))
@@ -112,7 +131,7 @@ def train(
     threads: int | None = 1,
 ) -> TrainResult:
     """Train (or resume, or return a finished run) into `out`; stop after step `until` when given."""
-    if problems := out_folder_problems(out) + config.placement.problems():
+    if problems := out_folder_problems(out) + config.placement.problems() + config.stopping_problems():
         raise BadInput(problems)
     with torch_threads(threads):
         return _train(spec, config, Path(out), until, progress)
@@ -138,8 +157,7 @@ def _train(spec: LabSpec, config: TrainConfig, out: Path, until: int | None, pro
     data = prepare_data(config) if config.task is None else None
     tokenizer = data.tokenizer if data is not None else task_tokenizer()
     model_config = LabConfig.from_spec(
-        spec,
-        tokenizer.vocab_size, MAX_LENGTH_MULTIPLE * config.seq_len, tokenizer.bos_token_id, tokenizer.eos_token_id
+        spec, tokenizer.vocab_size, MAX_LENGTH_MULTIPLE * config.seq_len, tokenizer.bos_token_id, tokenizer.eos_token_id
     )
     device = config.placement.torch_device()
     model = build_lab_model(model_config, seed=config.seed).to(device).train()
@@ -147,15 +165,12 @@ def _train(spec: LabSpec, config: TrainConfig, out: Path, until: int | None, pro
     scaler = torch.amp.GradScaler(device.type, enabled=config.dtype == "float16")  # float16 gradients underflow
     state = checkpoint.resume(out, identity, model, optimizer, scaler)
     batches = _batches(config, spec, model_config, data)
-    if data is not None:
-        val_targets = None
-        val_ids = lab_sequences(data, "val", config.seq_len, config.eval_seqs, spec.bos, config.seed).ids
-    else:
-        assert config.task is not None
-        val = task_rows(config.task, config.eval_seqs, config.seq_len, spec.bos, (config.seed, TASK_VAL))
-        val_ids, val_targets = val.ids, val.answers
+    val = _validation(config, spec, data)
     stop = config.steps if until is None else min(until, config.steps)
     metrics: list[dict[str, float]] = state["metrics"]
+    reason = config.stop_reason(metrics)
+    if reason is not None:  # a checkpoint taken where the criterion stopped it: nothing left to train
+        stop = state["step"]
     # the bar as a context: closed (its line ended) before an error is printed below it
     with tqdm(total=stop, initial=state["step"], desc=f"train {spec.pe}/{spec.norm}", disable=not progress) as bar:
         for step in range(state["step"], stop):
@@ -174,21 +189,41 @@ def _train(spec: LabSpec, config: TrainConfig, out: Path, until: int | None, pro
             tokens_per_s = config.batch_size * config.seq_len / (time.perf_counter() - started)
             train_loss = loss.item()
             done = step + 1
-            val_loss = (
-                evaluate_loss(model, val_ids, targets=val_targets)  # float32, as every evaluation
-                if done % config.eval_every == 0 or done == config.steps
-                else math.nan
-            )
-            metrics.append({"step": done, "train_loss": train_loss, "val_loss": val_loss, "tokens_per_s": tokens_per_s})
+            evaluated = done % config.eval_every == 0 or done == config.steps
+            val_loss, val_acc = val(model) if evaluated else (math.nan, math.nan)
+            values = (done, train_loss, val_loss, val_acc, tokens_per_s)
+            metrics.append(dict(zip(METRICS_COLUMNS, values, strict=True)))
             bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
             bar.update()
-            if done % config.checkpoint_every == 0 or done == stop:
+            reason = config.stop_reason(metrics)
+            if done % config.checkpoint_every == 0 or done == stop or reason is not None:
                 checkpoint.save_checkpoint(out, identity, done, model, optimizer, metrics, scaler)
+            if reason is not None:
+                break
     frame = pd.DataFrame(metrics, columns=list(METRICS_COLUMNS))
-    if stop < config.steps:
-        return TrainResult(out=out, metrics=frame, finished=False, step=stop)
-    checkpoint.save_final(out, identity, model, tokenizer, frame, data)
-    return TrainResult(out=out, metrics=frame, finished=True, step=config.steps)
+    last = int(frame["step"].iloc[-1]) if len(frame) else 0
+    if reason is None:
+        return TrainResult(out=out, metrics=frame, finished=False, step=last)
+    checkpoint.save_final(out, identity, model, tokenizer, frame, data, stopped=(last, reason))
+    return TrainResult(out=out, metrics=frame, finished=True, step=last, stop_reason=reason)
+
+
+def _validation(
+    config: TrainConfig, spec: LabSpec, data: LabData | None
+) -> Callable[[LabForCausalLM], tuple[float, float]]:
+    """The evaluation during training: validation loss (float32, as every evaluation) and, for a task, the exact
+    match of the same validation rows (NaN for the corpus)."""
+    if data is not None:
+        ids = lab_sequences(data, "val", config.seq_len, config.eval_seqs, spec.bos, config.seed).ids
+        return lambda model: (evaluate_loss(model, ids), math.nan)
+    assert config.task is not None
+    rows = task_rows(config.task, config.eval_seqs, config.seq_len, spec.bos, (config.seed, TASK_VAL))
+
+    def task_val(model: LabForCausalLM) -> tuple[float, float]:
+        loss = evaluate_loss(model, rows.ids, targets=rows.answers)
+        return loss, float(task_solved(model, rows).double().mean())
+
+    return task_val
 
 
 def _batches(
@@ -224,6 +259,13 @@ def _finished_run(out: Path, identity: dict[str, Any]) -> TrainResult | None:
         return None
     saved = json.loads(record.read_text())
     checkpoint.check_identity(out, saved, identity)
+    metrics = pd.read_parquet(out / "metrics.parquet")
+    if "val_acc" not in metrics:  # a run trained before the criterion existed: its steps, no exact match
+        metrics.insert(3, "val_acc", math.nan)
     return TrainResult(
-        out=out, metrics=pd.read_parquet(out / "metrics.parquet"), finished=True, step=saved["train"]["steps"]
+        out=out,
+        metrics=metrics,
+        finished=True,
+        step=saved.get("stopped_step", saved["train"]["steps"]),
+        stop_reason=saved.get("stop_reason", "cap"),
     )

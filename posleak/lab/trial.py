@@ -40,9 +40,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
 from posleak.lab.data import TASK_ANALYSIS, TASK_EVAL, TASK_PROBE, LabData, lab_sequences, prepare_data, task_rows
-from posleak.lab.tasks import TASKS, TaskBatch, solved, task_tokenizer
+from posleak.lab.tasks import TASKS, task_tokenizer
 from posleak.lab.tasks.vocab import BOS
-from posleak.lab.trainer import TrainConfig, evaluate_loss, torch_threads, train
+from posleak.lab.trainer import TrainConfig, evaluate_loss, task_solved, torch_threads, train
 from posleak.measure.probe import ProbeConfig, best_r2, probe_positions
 from posleak.models.lab.config import LabSpec
 from posleak.models.lab.model import LabForCausalLM, load_lab_model
@@ -184,6 +184,8 @@ def _run(trial: Trial, root: Path, progress: bool) -> dict[str, Any]:
         "eval_overrides": dumps(dict(trial.overrides), sort_keys=True) if trial.overrides else "",
         "final_train_loss": float(result.metrics["train_loss"].iloc[-1]),
         "final_val_loss": float(result.metrics["val_loss"].dropna().iloc[-1]),
+        "steps_trained": result.step,
+        "stop": result.stop_reason,
         **values,
         "train_s": round(train_s, 2),
         "eval_s": round(time.perf_counter() - clock - train_s, 2),
@@ -233,17 +235,6 @@ def measure_task(model: LabForCausalLM, trial: Trial, folder: Path, progress: bo
     )
     values |= _position_measures(model, probe_ids, batch, trial, folder, task_tokenizer(), f"task:{task}", progress)
     return values
-
-
-@torch.no_grad()
-def task_solved(model: LabForCausalLM, rows: TaskBatch, batch_size: int) -> torch.Tensor:
-    """(N,) bool: rows whose every answer the model predicts top-1, with the row as its prefix."""
-    model.eval()
-    predictions = [
-        model(input_ids=rows.ids[start : start + batch_size].to(model.device)).logits[:, :-1].argmax(-1).cpu()
-        for start in range(0, rows.ids.shape[0], batch_size)
-    ]
-    return solved(torch.cat(predictions), rows)
 
 
 def _position_measures(

@@ -114,7 +114,6 @@ def variant_problems(variants: tuple[str, ...]) -> list[str]:
     return []
 
 
-
 def lab_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """The rows with `variant` first and the LAB_COLUMNS in order, then the rest."""
     table = pd.DataFrame(rows).rename(columns={"name": "variant"})
