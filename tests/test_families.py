@@ -106,7 +106,6 @@ LISTED: dict[str, str] = {
         "moss_transcribe_diarize phi4_multimodal qwen3_5 qwen3_5_moe qwen4_exp got_ocr2 llama4".split(),
         _WRAPPER,
     ),
-    "phimoe": _LEFT + "hidden states differ from eager attention's by 0.5 (relative)",
     "inkling_text": _LEFT + "hidden states differ from eager attention's by 2.7e-3 (relative)",
     "deepseek_v4": _LEFT + "its decoder blocks return several residual streams (hyper-connections)",
     "dory": _LEFT + "its decoder blocks return several residual streams (hyper-connections)",
