@@ -25,6 +25,7 @@ from tiny import FAMILY_WINDOW, family_model, tiny_tokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from posleak.capture import CaptureSession, QueryStats, use_posleak_attention
+from posleak.errors import PosleakError
 from posleak.pipeline import AnalyzeConfig, analyze_model
 
 T, N = 3 * FAMILY_WINDOW, 6  # longer than every sliding window
@@ -106,7 +107,7 @@ LISTED: dict[str, str] = {
         "moss_transcribe_diarize phi4_multimodal qwen3_5 qwen3_5_moe qwen4_exp got_ocr2 llama4".split(),
         _WRAPPER,
     ),
-    "inkling_text": _LEFT + "hidden states differ from eager attention's by 2.7e-3 (relative)",
+    "inkling_text": "adds a hidden-state-conditioned relative bias (position_bias) to q·k: refused with one line",
     "deepseek_v4": _LEFT + "its decoder blocks return several residual streams (hyper-connections)",
     "dory": _LEFT + "its decoder blocks return several residual streams (hyper-connections)",
     "diffllama": _LEFT + "differential attention: two softmax maps per layer, posleak measures one",
@@ -221,6 +222,13 @@ def test_what_posleak_cannot_measure_is_refused_before_the_forward(
     proc = run_main("analyze", str(folder), "--tokens", str(_token_file(tmp_path / "ids.npy")), "--out", str(out))
     assert_one_line_error(proc, needle)
     assert not out.exists()
+
+
+def test_attention_with_a_bias_of_its_own_is_refused() -> None:
+    """Inkling adds a bias to q·k that posleak's logits would leave out: one line, not a wrong number."""
+    model = use_posleak_attention(family_model("inkling_text"))
+    with pytest.raises(PosleakError, match=r"^layer 0 adds a bias of its own to the attention logits"), torch.no_grad():
+        model(torch.randint(3, 96, (1, T)), use_cache=False)
 
 
 def test_a_hybrid_lists_its_skipped_layers_in_the_manifest_and_report(tmp_path: Path) -> None:

@@ -73,6 +73,12 @@ def posleak_attention(
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     """The AttentionInterface signature: q (B, H, T, D), k and v (B, KV, T, D) → (B, T, H, Dv)."""
+    if kwargs.get("position_bias") is not None:
+        # Inkling adds a hidden-state-conditioned relative bias to q·k: logits posleak's measures do not form
+        raise PosleakError(
+            f"layer {getattr(module, 'layer_idx', '?')} adds a bias of its own to the attention logits "
+            "(position_bias); posleak measures logits that are q·k (scaled, soft-capped) only"
+        )
     spec = _mask_of_call(module, query, key, attention_mask, sliding_window, int(kwargs.get("posleak_prefix", 0) or 0))
     session = active_session()
     scaling = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
