@@ -76,6 +76,7 @@ SPECIAL: dict[str, tuple[str, dict]] = {
     "recurrent_gemma": ("hybrid: recurrent layers skipped", {}),
     "lfm3": ("hybrid: convolution layers skipped", {}),
     "lara_mini": ("hybrid: non-attention layers skipped", {}),
+    "deepseek_v4": ("hyper-connections: several residual streams per position (concatenated); MLA-like", {}),
     "gpt2": ("learned absolute positions", {}),
     "opt": ("learned absolute positions", {}),
     "gpt_bigcode": ("learned absolute positions; multi-query", {}),
@@ -108,13 +109,13 @@ LISTED: dict[str, str] = {
         _WRAPPER,
     ),
     "inkling_text": "adds a hidden-state-conditioned relative bias (position_bias) to q·k: refused with one line",
-    "deepseek_v4": _LEFT + "its decoder blocks return several residual streams (hyper-connections)",
-    "dory": _LEFT + "its decoder blocks return several residual streams (hyper-connections)",
     "diffllama": _LEFT + "differential attention: two softmax maps per layer, posleak measures one",
     "longcat_flash": _LEFT
     + "its attention module (LongcatFlashMLA) is not found by the test's count of attention layers",
     "hrm_text": _LEFT + "recurrent reasoning stacks call each block several times per forward",
-    "doge": _LEFT + "passes an attention mask of its own; posleak refuses it",
+    "dory": _LEFT + "a recurrent loop calls its middle decoder blocks several times per forward",
+    "doge": "dynamic mask attention: adds a value-derived bias and keeps top-k keys, a mask of its own; refused "
+    "with one line at its attention call",
     "inkling2_text": _LEFT + "its attention meets a cache of keys; posleak refuses it",
     "inkling2_loop_text": _LEFT + "its attention meets a cache of keys; posleak refuses it",
     **dict.fromkeys(

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface
 
-from posleak.capture.masks import MaskSpec, model_mask
+from posleak.capture.masks import MaskSpec, model_mask, spec_of
 from posleak.capture.session import AttentionCall, active_session, soft_cap
 from posleak.errors import PosleakError
 
@@ -124,19 +124,20 @@ def _mask_of_call(
     module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
-    attention_mask: MaskSpec | torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
     sliding_window: int | None,
     prefix: int,
 ) -> MaskSpec:
-    """The call's mask: the model's own where transformers made it (a `MaskSpec` from `model_mask`), else the
+    """The call's mask: the model's own where transformers made it (the `MaskSpec` of `model_mask`'s tensor), else the
     layer's declared structure (a module that builds no mask through transformers: posleak's lab models). A
     window the call names at least T wide, which no mask shows, is kept: the tables state the declared window.
 
-    Refused: a KV cache, and a dense mask (padding, chunks shorter than the sequence, any other pattern), since
-    posleak analyses whole unpadded sequences under causal masks with an optional window."""
+    Refused: a KV cache, and any other mask (padding, chunks shorter than the sequence, a mask of the model's
+    own), since posleak analyses whole unpadded sequences under causal masks with an optional window."""
     if query.shape[-2] != key.shape[-2]:
         raise PosleakError("posleak analyses whole sequences in one forward; disable the KV cache (use_cache=False)")
-    if attention_mask is not None and not isinstance(attention_mask, MaskSpec):
+    model_spec = None if attention_mask is None else spec_of(attention_mask)
+    if attention_mask is not None and model_spec is None:
         layer = getattr(module, "layer_idx", "?")
         raise PosleakError(
             f"layer {layer}'s attention mask is not one posleak measures (causal with an optional sliding window "
@@ -147,9 +148,9 @@ def _mask_of_call(
     if attention_mask is None:
         return MaskSpec(causal=causal, window=sliding_window, prefix=prefix)
     # a module that declares itself non-causal attends to every key as before (the mask's causality yields)
-    causal = causal and attention_mask.causal
+    causal = causal and model_spec.causal
     declared = sliding_window is not None and sliding_window >= query.shape[-2] and causal
-    window = sliding_window if declared and attention_mask.window is None else attention_mask.window
+    window = sliding_window if declared and model_spec.window is None else model_spec.window
     return MaskSpec(causal=causal, window=window, prefix=prefix)
 
 

@@ -3,7 +3,7 @@
 The accumulators need the mask's structure (which offsets are valid for query i), not a T×T tensor. The
 structure is the model's own: `model_mask` is posleak's entry in transformers' `AttentionMaskInterface`, so
 every mask a model asks transformers for (causal, sliding, chunked, per layer type) reaches posleak's attention
-as the `MaskSpec` it equals, however the model's attention module is written (Phi-MoE builds a sliding mask
+with the `MaskSpec` it equals, however the model's attention module is written (Phi-MoE builds a sliding mask
 but passes no `sliding_window` to its attention). A dense mask is built at most once per forward and length
 (see `dense`).
 """
@@ -16,6 +16,8 @@ from functools import lru_cache
 
 import torch
 from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+SPEC_ATTRIBUTE = "posleak_spec"  # the MaskSpec model_mask attaches to the mask tensor it returns
 
 
 @dataclass(frozen=True)
@@ -106,12 +108,13 @@ def model_mask(
     use_vmap: bool = False,
     device: torch.device | str = "cpu",
     **kwargs: object,
-) -> MaskSpec | torch.Tensor:
-    """transformers' `AttentionMaskInterface` signature: the mask the model asks for as its `MaskSpec`, or, where
-    it is none (padding, a cache, chunks shorter than the sequence), the dense boolean mask, which posleak's
-    attention refuses."""
+) -> torch.Tensor:
+    """transformers' `AttentionMaskInterface` signature: the boolean mask the model asks for, as sdpa gets it (one
+    row of the batch without padding, which broadcasts), carrying the `MaskSpec` it equals as `SPEC_ATTRIBUTE`
+    (None where it is none: padding, a cache, chunks shorter than the sequence). A real tensor, so a model that
+    does arithmetic on its mask (Doge) still runs up to its attention call."""
     dense = sdpa_mask(
-        batch_size=batch_size,
+        batch_size=batch_size if attention_mask is not None else 1,
         q_length=q_length,
         kv_length=kv_length,
         q_offset=q_offset,
@@ -122,5 +125,16 @@ def model_mask(
         use_vmap=use_vmap,
         device=device,
     )
-    spec = MaskSpec.of_dense(dense) if q_length == kv_length and q_offset == kv_offset == 0 else None
-    return dense if spec is None else spec
+    whole = q_length == kv_length and q_offset == kv_offset == 0
+    setattr(dense, SPEC_ATTRIBUTE, MaskSpec.of_dense(dense) if whole else None)
+    return dense
+
+
+def spec_of(mask: torch.Tensor) -> MaskSpec | None:
+    """The `MaskSpec` a mask tensor equals: the one `model_mask` attached, else (a copy or slice of it) read from a
+    4-D boolean mask; None for any other tensor (an additive mask a model made of its own)."""
+    if hasattr(mask, SPEC_ATTRIBUTE):
+        return getattr(mask, SPEC_ATTRIBUTE)
+    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[-1] != mask.shape[-2]:
+        return None
+    return MaskSpec.of_dense(mask)
