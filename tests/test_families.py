@@ -89,6 +89,7 @@ _ENCODER = "encoder architecture (bidirectional masked LM) run as a decoder, not
 _SSM = "no attention: a state-space or recurrent model"
 _NO_INTERFACE = "attention not routed through transformers' AttentionInterface, so posleak cannot take it over"
 _WRAPPER = "multimodal wrapper: the default vision or audio tower is too large to build tiny in the test"
+_BIAS = "its attention adds a hidden-state-conditioned relative bias (position_bias) to q·k: refused with one line"
 _LEFT = "not verified yet: "  # a decoder with attention this test does not pass yet (the reason follows)
 LISTED: dict[str, str] = {
     **dict.fromkeys(
@@ -108,16 +109,16 @@ LISTED: dict[str, str] = {
         "moss_transcribe_diarize phi4_multimodal qwen3_5 qwen3_5_moe qwen4_exp got_ocr2 llama4".split(),
         _WRAPPER,
     ),
-    "inkling_text": "adds a hidden-state-conditioned relative bias (position_bias) to q·k: refused with one line",
-    "diffllama": _LEFT + "differential attention: two softmax maps per layer, posleak measures one",
+    "inkling_text": _BIAS,
+    "diffllama": "differential attention: two softmax maps per layer, posleak measures one: refused with one line",
     "longcat_flash": _LEFT
     + "its attention module (LongcatFlashMLA) is not found by the test's count of attention layers",
-    "hrm_text": _LEFT + "recurrent reasoning stacks call each block several times per forward",
-    "dory": _LEFT + "a recurrent loop calls its middle decoder blocks several times per forward",
+    "hrm_text": "recurrent reasoning stacks call each block several times per forward: refused with one line",
+    "dory": "a recurrent loop calls its middle decoder blocks several times per forward: refused with one line",
     "doge": "dynamic mask attention: adds a value-derived bias and keeps top-k keys, a mask of its own; refused "
     "with one line at its attention call",
-    "inkling2_text": _LEFT + "its attention meets a cache of keys; posleak refuses it",
-    "inkling2_loop_text": _LEFT + "its attention meets a cache of keys; posleak refuses it",
+    "inkling2_text": _BIAS,
+    "inkling2_loop_text": _BIAS,
     **dict.fromkeys(
         "deepseek_v32 glm_moe_dsa axk1 axk2 bailing_hybrid".split(),
         _LEFT + "MLA sizes of a tiny config not found yet (a head-size mismatch)",
@@ -225,11 +226,23 @@ def test_what_posleak_cannot_measure_is_refused_before_the_forward(
     assert not out.exists()
 
 
-def test_attention_with_a_bias_of_its_own_is_refused() -> None:
-    """Inkling adds a bias to q·k that posleak's logits would leave out: one line, not a wrong number."""
-    model = use_posleak_attention(family_model("inkling_text"))
-    with pytest.raises(PosleakError, match=r"^layer 0 adds a bias of its own to the attention logits"), torch.no_grad():
-        model(torch.randint(3, 96, (1, T)), use_cache=False)
+@pytest.mark.parametrize(
+    ("model_type", "needle"),
+    [
+        ("inkling_text", "layer 0 adds a bias of its own to the attention logits"),
+        ("diffllama", "layer 0's attention ran twice in one forward"),
+        ("doge", "layer 0's attention mask is not one posleak measures"),
+    ],
+)
+def test_attention_posleak_does_not_measure_is_refused_with_one_line(model_type: str, needle: str) -> None:
+    """A bias added to q·k (Inkling), two softmax maps per layer (DiffLlama), a mask of the model's own (Doge):
+    one line at the first attention call, not a wrong number."""
+    model = use_posleak_attention(family_model(model_type))
+    ids = torch.randint(3, 96, (1, T), generator=torch.Generator().manual_seed(1))
+    with pytest.raises(PosleakError) as refused, CaptureSession().active(torch.arange(1)), torch.no_grad():
+        model(ids, use_cache=False)
+    message = str(refused.value)
+    assert message.startswith(needle) and "\n" not in message, message
 
 
 def test_a_hybrid_lists_its_skipped_layers_in_the_manifest_and_report(tmp_path: Path) -> None:
