@@ -43,6 +43,7 @@ SPECIAL: dict[str, tuple[str, dict]] = {
         {**_MLA, "head_dim": 8, "n_group": 1, "topk_group": 1},
     ),
     "minicpm3": ("MLA with a decoupled rotary part", _MLA),
+    "longcat_flash": ("MLA with a decoupled rotary part; two attention layers per block", {**_MLA, "head_dim": 8}),
     "glm4_moe_lite": ("MLA with a decoupled rotary part; MoE MLP", _MLA),
     "youtu": ("MLA with a decoupled rotary part", {**_MLA, "head_dim": 8}),
     "sarvam_mla": ("MLA with a decoupled rotary part; MoE MLP", _MLA),
@@ -111,8 +112,6 @@ LISTED: dict[str, str] = {
     ),
     "inkling_text": _BIAS,
     "diffllama": "differential attention: two softmax maps per layer, posleak measures one: refused with one line",
-    "longcat_flash": _LEFT
-    + "its attention module (LongcatFlashMLA) is not found by the test's count of attention layers",
     "hrm_text": "recurrent reasoning stacks call each block several times per forward: refused with one line",
     "dory": "a recurrent loop calls its middle decoder blocks several times per forward: refused with one line",
     "doge": "dynamic mask attention: adds a value-derived bias and keeps top-k keys, a mask of its own; refused "
@@ -146,8 +145,9 @@ def test_every_type_of_the_mapping_is_verified_or_listed() -> None:
 
 
 def _softmax_attention(name: str) -> bool:
-    """A module class that is attention over positions, not a linear-attention (MiniMax's lightning) layer."""
-    return name.endswith("Attention") and not any(kind in name for kind in ("Lightning", "Linear", "Delta"))
+    """A module class that is attention over positions (LongCat-Flash's is "…MLA"), not a linear-attention
+    (MiniMax's lightning) layer."""
+    return name.endswith(("Attention", "MLA")) and not any(kind in name for kind in ("Lightning", "Linear", "Delta"))
 
 
 def _eager(model: torch.nn.Module, ids: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], dict[int, int]]:
