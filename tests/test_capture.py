@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+import transformers.masking_utils as masking
 from harness import token_batch
 from tiny import FAMILIES, WINDOW, tiny_model
 
@@ -28,6 +29,7 @@ from posleak.capture import (
     use_posleak_attention,
 )
 from posleak.capture.attention import blockwise_attention
+from posleak.capture.masks import MaskSpec, model_mask, spec_of
 from posleak.capture.store import CaptureMemory, QKRecorder
 from posleak.errors import PosleakError
 from posleak.pipeline import AnalyzeConfig, analyze_model
@@ -152,6 +154,30 @@ def test_padding_mask_is_refused() -> None:
     mask[0, :3] = 0
     with pytest.raises(PosleakError, match="unpadded"), torch.no_grad():
         model(ids, attention_mask=mask[:, None, None, :].float(), use_cache=False)
+
+
+def test_the_model_mask_is_read_as_the_spec_it_equals() -> None:
+    """transformers' own causal, sliding and chunked masks (masking_utils) through posleak's mask entry: the
+    first two are the MaskSpec whose pairs they are, chunks shorter than T and padding are no spec."""
+    length, pad = 12, torch.ones(2, 12, dtype=torch.bool)
+    pad[1, :2] = False
+    cases = [
+        (masking.causal_mask_function, None, MaskSpec()),
+        (masking.sliding_window_causal_mask_function(5), None, MaskSpec(window=5)),
+        (masking.sliding_window_causal_mask_function(length), None, MaskSpec()),
+        (masking.chunked_causal_mask_function(length, torch.zeros(2, dtype=torch.long)), None, MaskSpec()),
+        (masking.chunked_causal_mask_function(4, torch.zeros(2, dtype=torch.long)), None, None),
+        (masking.causal_mask_function, pad, None),
+    ]
+    for function, padding, expected in cases:
+        mask = model_mask(2, length, length, mask_function=function, attention_mask=padding)
+        reference = masking.sdpa_mask(
+            2, length, length, mask_function=function, attention_mask=padding, allow_is_causal_skip=False
+        )
+        assert torch.equal(mask.expand_as(reference), reference)  # the model's own mask, unchanged
+        assert spec_of(mask) == expected and spec_of(mask.clone()) == expected
+        if expected is not None:
+            assert torch.equal(expected.dense(length), reference[0, 0])
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])

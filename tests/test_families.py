@@ -25,6 +25,7 @@ from tiny import FAMILY_WINDOW, family_model, tiny_tokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from posleak.capture import CaptureSession, QueryStats, use_posleak_attention
+from posleak.errors import PosleakError
 from posleak.pipeline import AnalyzeConfig, analyze_model
 
 T, N = 3 * FAMILY_WINDOW, 6  # longer than every sliding window
@@ -60,6 +61,7 @@ SPECIAL: dict[str, tuple[str, dict]] = {
         {**_MLA, "head_dim": 8, "n_group": 1, "topk_group": 1},
     ),
     "minicpm3": ("MLA with a decoupled rotary part", _MLA),
+    "longcat_flash": ("MLA with a decoupled rotary part; two attention layers per block", {**_MLA, "head_dim": 8}),
     "glm4_moe_lite": ("MLA with a decoupled rotary part; MoE MLP", _MLA),
     "youtu": ("MLA with a decoupled rotary part", {**_MLA, "head_dim": 8}),
     "sarvam_mla": ("MLA with a decoupled rotary part; MoE MLP", _MLA),
@@ -93,6 +95,7 @@ SPECIAL: dict[str, tuple[str, dict]] = {
     "recurrent_gemma": ("hybrid: recurrent layers skipped", {}),
     "lfm3": ("hybrid: convolution layers skipped", {}),
     "lara_mini": ("hybrid: non-attention layers skipped", {}),
+    "deepseek_v4": ("hyper-connections: several residual streams per position (concatenated); MLA-like", {}),
     "gpt2": ("learned absolute positions", {}),
     "opt": ("learned absolute positions", {}),
     "gpt_bigcode": ("learned absolute positions; multi-query", {}),
@@ -127,6 +130,7 @@ _ENCODER = "encoder architecture (bidirectional masked LM) run as a decoder, not
 _SSM = "no attention: a state-space or recurrent model"
 _NO_INTERFACE = "attention not routed through transformers' AttentionInterface, so posleak cannot take it over"
 _WRAPPER = "multimodal wrapper: the default vision or audio tower is too large to build tiny in the test"
+_BIAS = "its attention adds a hidden-state-conditioned relative bias (position_bias) to q·k: refused with one line"
 _LEFT = "not verified yet: "  # a decoder with attention this test does not pass yet (the reason follows)
 LISTED: dict[str, str] = {
     **dict.fromkeys(
@@ -146,17 +150,14 @@ LISTED: dict[str, str] = {
         "moss_transcribe_diarize phi4_multimodal qwen3_5 qwen3_5_moe qwen4_exp got_ocr2 llama4".split(),
         _WRAPPER,
     ),
-    "phimoe": _LEFT + "hidden states differ from eager attention's by 0.5 (relative)",
-    "inkling_text": _LEFT + "hidden states differ from eager attention's by 2.7e-3 (relative)",
-    "deepseek_v4": _LEFT + "its decoder blocks return several residual streams (hyper-connections)",
-    "dory": _LEFT + "its decoder blocks return several residual streams (hyper-connections)",
-    "diffllama": _LEFT + "differential attention: two softmax maps per layer, posleak measures one",
-    "longcat_flash": _LEFT
-    + "its attention module (LongcatFlashMLA) is not found by the test's count of attention layers",
-    "hrm_text": _LEFT + "recurrent reasoning stacks call each block several times per forward",
-    "doge": _LEFT + "passes an attention mask of its own; posleak refuses it",
-    "inkling2_text": _LEFT + "its attention meets a cache of keys; posleak refuses it",
-    "inkling2_loop_text": _LEFT + "its attention meets a cache of keys; posleak refuses it",
+    "inkling_text": _BIAS,
+    "diffllama": "differential attention: two softmax maps per layer, posleak measures one: refused with one line",
+    "hrm_text": "recurrent reasoning stacks call each block several times per forward: refused with one line",
+    "dory": "a recurrent loop calls its middle decoder blocks several times per forward: refused with one line",
+    "doge": "dynamic mask attention: adds a value-derived bias and keeps top-k keys, a mask of its own; refused "
+    "with one line at its attention call",
+    "inkling2_text": _BIAS,
+    "inkling2_loop_text": _BIAS,
     **dict.fromkeys(
         "deepseek_v32 glm_moe_dsa axk2 dots3_note_text hy_v4 qwen4_exp_text".split(),
         _LEFT + "its sparse-attention indexer reads the model's 4-D attention mask, which transformers builds for no "
@@ -180,10 +181,11 @@ def test_every_type_of_the_mapping_is_verified_or_listed() -> None:
 
 
 def _softmax_attention(name: str, model: torch.nn.Module) -> bool:
-    """A module class that is attention over positions, not a linear-attention (MiniMax's lightning) layer; the
-    kind is read after the model's own class prefix, so that Kimi Linear's softmax `KimiLinearAttention` counts."""
+    """A module class that is attention over positions (LongCat-Flash's is "…MLA"), not a linear-attention
+    (MiniMax's lightning) layer; the kind is read after the model's own class prefix, so that Kimi Linear's softmax
+    `KimiLinearAttention` counts."""
     kind = name.removeprefix(type(model).__name__.removesuffix("ForCausalLM"))
-    return kind.endswith("Attention") and not any(word in kind for word in ("Lightning", "Linear", "Delta"))
+    return kind.endswith(("Attention", "MLA")) and not any(word in kind for word in ("Lightning", "Linear", "Delta"))
 
 
 def _eager(model: torch.nn.Module, ids: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], dict[int, int]]:
@@ -260,6 +262,25 @@ def test_what_posleak_cannot_measure_is_refused_before_the_forward(
     proc = run_main("analyze", str(folder), "--tokens", str(_token_file(tmp_path / "ids.npy")), "--out", str(out))
     assert_one_line_error(proc, needle)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("model_type", "needle"),
+    [
+        ("inkling_text", "layer 0 adds a bias of its own to the attention logits"),
+        ("diffllama", "layer 0's attention ran twice in one forward"),
+        ("doge", "layer 0's attention mask is not one posleak measures"),
+    ],
+)
+def test_attention_posleak_does_not_measure_is_refused_with_one_line(model_type: str, needle: str) -> None:
+    """A bias added to q·k (Inkling), two softmax maps per layer (DiffLlama), a mask of the model's own (Doge):
+    one line at the first attention call, not a wrong number."""
+    model = use_posleak_attention(family_model(model_type))
+    ids = torch.randint(3, 96, (1, T), generator=torch.Generator().manual_seed(1))
+    with pytest.raises(PosleakError) as refused, CaptureSession().active(torch.arange(1)), torch.no_grad():
+        model(ids, use_cache=False)
+    message = str(refused.value)
+    assert message.startswith(needle) and "\n" not in message, message
 
 
 def test_a_hybrid_lists_its_skipped_layers_in_the_manifest_and_report(tmp_path: Path) -> None:

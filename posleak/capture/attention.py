@@ -1,10 +1,10 @@
 """posleak's attention function, registered with transformers' `AttentionInterface` as "posleak".
 
 Every model posleak analyses (registry checkpoints and lab models) runs its attention through
-`posleak_attention`. It receives the model's own post-RoPE q and k, so RoPE is never re-derived. It
-builds the causal / sliding / prefix mask itself from the layer's structure (transformers builds no
-mask for an implementation it does not know), and when a `CaptureSession` is active it hands the
-call to the session's streaming accumulators. No T×T tensor outlives the call.
+`posleak_attention`. It receives the model's own post-RoPE q and k, so RoPE is never re-derived, and the
+mask the model asked transformers for as a `MaskSpec` (masks.model_mask, registered with the function); it
+builds the causal / sliding / prefix mask from that structure, and when a `CaptureSession` is active it hands
+the call to the session's streaming accumulators. No T×T tensor outlives the call.
 
 Three ways to compute one call, chosen per call:
 - no session, plain softmax: `F.scaled_dot_product_attention` (what training and plain use run);
@@ -28,8 +28,9 @@ from contextvars import ContextVar
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import AttentionMaskInterface
 
-from posleak.capture.masks import MaskSpec
+from posleak.capture.masks import MaskSpec, model_mask, spec_of
 from posleak.capture.session import AttentionCall, active_session, soft_cap
 from posleak.errors import PosleakError
 
@@ -51,8 +52,9 @@ def blockwise_attention() -> Iterator[None]:
 
 
 def use_posleak_attention(model: PreTrainedModel) -> PreTrainedModel:
-    """Register the function (idempotent) and switch `model` to it."""
+    """Register the function and its mask entry (idempotent) and switch `model` to it."""
     AttentionInterface.register(IMPLEMENTATION, posleak_attention)
+    AttentionMaskInterface.register(IMPLEMENTATION, model_mask)
     model.set_attn_implementation(IMPLEMENTATION)
     return model
 
@@ -71,16 +73,16 @@ def posleak_attention(
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     """The AttentionInterface signature: q (B, H, T, D), k and v (B, KV, T, D) → (B, T, H, Dv)."""
-    _refuse_unsupported(query, key, attention_mask)
-    _refuse_short_chunks(module, query.shape[-2])
+    if kwargs.get("position_bias") is not None:
+        # Inkling adds a hidden-state-conditioned relative bias to q·k: logits posleak's measures do not form
+        raise PosleakError(
+            f"layer {getattr(module, 'layer_idx', '?')} adds a bias of its own to the attention logits "
+            "(position_bias); posleak measures logits that are q·k (scaled, soft-capped) only"
+        )
+    spec = _mask_of_call(module, query, key, attention_mask, sliding_window, int(kwargs.get("posleak_prefix", 0) or 0))
     session = active_session()
     scaling = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
     norm = str(kwargs.get("posleak_norm", "softmax"))
-    spec = MaskSpec(
-        causal=bool(getattr(module, "is_causal", True)),
-        window=sliding_window,
-        prefix=int(kwargs.get("posleak_prefix", 0) or 0),
-    )
     groups = query.shape[1] // key.shape[1]
     key = key.repeat_interleave(groups, dim=1) if groups > 1 else key
     value = value.repeat_interleave(groups, dim=1) if groups > 1 else value
@@ -118,30 +120,38 @@ def posleak_attention(
     return call.output.transpose(1, 2).contiguous(), None
 
 
-def _refuse_unsupported(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
-    """A padding mask or a KV cache: posleak analyses whole unpadded sequences in one forward."""
-    if attention_mask is not None:
-        raise PosleakError(
-            "posleak's attention builds its own causal and window masks; pass unpadded input_ids "
-            "without an attention mask"
-        )
+def _mask_of_call(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    sliding_window: int | None,
+    prefix: int,
+) -> MaskSpec:
+    """The call's mask: the model's own where transformers made it (the `MaskSpec` of `model_mask`'s tensor), else the
+    layer's declared structure (a module that builds no mask through transformers: posleak's lab models). A
+    window the call names at least T wide, which no mask shows, is kept: the tables state the declared window.
+
+    Refused: a KV cache, and any other mask (padding, chunks shorter than the sequence, a mask of the model's
+    own), since posleak analyses whole unpadded sequences under causal masks with an optional window."""
     if query.shape[-2] != key.shape[-2]:
         raise PosleakError("posleak analyses whole sequences in one forward; disable the KV cache (use_cache=False)")
-
-
-def _refuse_short_chunks(module: torch.nn.Module, seq_len: int) -> None:
-    """Llama 4's chunked layers see only their own chunk of keys, a mask posleak does not build: refuse where a
-    chunk is shorter than the sequence rather than attend over keys the model would not see."""
-    config = getattr(module, "config", None)
-    types = getattr(config, "layer_types", None) or []
-    layer = getattr(module, "layer_idx", None)
-    if isinstance(layer, int) and layer < len(types) and types[layer] == "chunked_attention":
-        chunk = getattr(config, "attention_chunk_size", None)
-        if chunk is not None and chunk < seq_len:
-            raise PosleakError(
-                f"layer {layer} uses chunked attention of {chunk} positions, shorter than the sequence ({seq_len}); "
-                "posleak does not build chunked masks"
-            )
+    model_spec = None if attention_mask is None else spec_of(attention_mask)
+    if attention_mask is not None and model_spec is None:
+        layer = getattr(module, "layer_idx", "?")
+        raise PosleakError(
+            f"layer {layer}'s attention mask is not one posleak measures (causal with an optional sliding window "
+            "over whole sequences): pass unpadded input_ids without an attention mask; chunks shorter than the "
+            "sequence and other patterns are not measured"
+        )
+    causal = bool(getattr(module, "is_causal", True))
+    if attention_mask is None:
+        return MaskSpec(causal=causal, window=sliding_window, prefix=prefix)
+    # a module that declares itself non-causal attends to every key as before (the mask's causality yields)
+    causal = causal and model_spec.causal
+    declared = sliding_window is not None and sliding_window >= query.shape[-2] and causal
+    window = sliding_window if declared and model_spec.window is None else model_spec.window
+    return MaskSpec(causal=causal, window=window, prefix=prefix)
 
 
 def _attend_captured(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
@@ -96,12 +97,17 @@ class ResidualCapture:
     def _hook(self, layer: int) -> Callable[[nn.Module, object, object], None]:
         def keep(module: nn.Module, inputs: object, output: object) -> None:
             hidden = output[0] if isinstance(output, tuple) else output
-            self._kept[layer].append(hidden[:, self.positions].detach().float().cpu().clone())
+            # a block with S residual streams (hyper-connections) outputs (N, T, S, d): keep the S·d of each position
+            self._kept[layer].append(hidden[:, self.positions].flatten(2).detach().float().cpu().clone())
 
         return keep
 
     def states(self) -> torch.Tensor:
-        return torch.stack([torch.cat(self._kept[layer]) for layer in self.layers])
+        """(layers, N, positions, width): a layer's streams concatenated, those narrower than the widest (the
+        embedding's one stream before a hyper-connection model makes S of it) padded with zeros."""
+        kept = [torch.cat(self._kept[layer]) for layer in self.layers]
+        width = max(state.shape[-1] for state in kept)
+        return torch.stack([F.pad(state, (0, width - state.shape[-1])) for state in kept])
 
 
 @dataclass

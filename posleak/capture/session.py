@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 
 from posleak.capture.masks import MaskSpec
 from posleak.capture.residual import base_of
+from posleak.errors import PosleakError
 
 _ACTIVE: ContextVar[CaptureSession | None] = ContextVar("posleak_capture_session", default=None)
 
@@ -138,12 +139,21 @@ class CaptureSession:
         self.calls: Counter[int] = Counter()  # attention calls seen per layer: proof the path ran
         self.masks: dict[int, MaskSpec] = {}  # the mask each layer computed with (after edits)
         self.sequence_index = torch.zeros(0, dtype=torch.long)
+        self._this_forward: set[int] = set()  # layers whose attention ran in the active forward
 
     @property
     def needs_attended_keys(self) -> bool:
         return any(acc.needs_attended_keys for acc in self.accumulators)
 
     def record(self, call: AttentionCall) -> None:
+        if call.layer in self._this_forward:
+            # Differential attention (two softmax maps) or a block called again (a recurrent loop): the
+            # decomposition measures one map per layer and sequence, and two would be summed into one
+            raise PosleakError(
+                f"layer {call.layer}'s attention ran twice in one forward (two softmax maps per layer, or a decoder "
+                "block called again); posleak measures one attention map per layer and forward"
+            )
+        self._this_forward.add(call.layer)
         self.calls[call.layer] += 1
         self.masks[call.layer] = call.mask
         for acc in self.accumulators:
@@ -152,6 +162,7 @@ class CaptureSession:
     @contextmanager
     def active(self, sequence_index: torch.Tensor) -> Iterator[CaptureSession]:
         self.sequence_index = sequence_index
+        self._this_forward = set()
         token = _ACTIVE.set(self)
         try:
             yield self
