@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 RANGES = ("early", "all", "beyond")
@@ -88,6 +89,18 @@ class RecordedLayer:
         return (top + np.log(np.exp(both - top).sum(axis=-1, keepdims=True)))[..., 0]
 
 
+def mask_window(mask: torch.Tensor | None) -> int | None:
+    """The sliding window a 4-D mask tensor holds (boolean: True sees; additive: 0 sees), read from its first row of
+    the batch: the most keys any query sees where some query sees fewer than all keys up to itself; else None. A
+    model that builds a window but passes no `sliding_window` to its attention (Phi-MoE) has it only here."""
+    if mask is None or mask.dim() != 4:
+        return None
+    sees = mask[0, 0] if mask.dtype == torch.bool else mask[0, 0] == 0
+    counts = sees.sum(-1)
+    causal = torch.arange(1, sees.shape[-1] + 1, device=counts.device)
+    return int(counts.max()) if bool((counts < causal).any()) else None
+
+
 class LogitRecorder:
     """`with LogitRecorder(model) as recorder:` every attention call of `model` inside the block is kept
     (per layer, in call order: batches in input order give sequences in input order) and then handed to
@@ -101,6 +114,8 @@ class LogitRecorder:
         self.previous = self.model.config._attn_implementation
         inner = ALL_ATTENTION_FUNCTIONS[self.previous]
         AttentionInterface.register(f"reference_{self.previous}", self._recording(inner))
+        if self.previous in ALL_MASK_ATTENTION_FUNCTIONS:  # the model asks for the mask the inner function gets
+            AttentionMaskInterface.register(f"reference_{self.previous}", ALL_MASK_ATTENTION_FUNCTIONS[self.previous])
         self.model.set_attn_implementation(f"reference_{self.previous}")
         return self
 
@@ -114,7 +129,7 @@ class LogitRecorder:
                 int(module.layer_idx),
                 RecordedLayer(
                     scaling=kwargs.get("scaling") or query.shape[-1] ** -0.5,
-                    window=kwargs.get("sliding_window"),
+                    window=kwargs.get("sliding_window") or mask_window(attention_mask),
                     softcap=kwargs.get("softcap"),
                     sink=None if sink is None else sink.detach().double().numpy(),
                     causal=bool(getattr(module, "is_causal", True)),
