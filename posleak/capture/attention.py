@@ -92,7 +92,13 @@ def posleak_attention(
         output = _attend_uncaptured(query, key, value, spec, scaling, dropout, softcap, s_aux, norm)
         return output.transpose(1, 2).contiguous(), None
 
-    layer = int(module.layer_idx)
+    if not isinstance(getattr(module, "layer_idx", None), int):
+        # Zamba shares one attention module among its hybrid layers: its calls name no layer to file them under
+        raise PosleakError(
+            f"{type(module).__name__} has no layer index of its own (one attention module shared by several "
+            "layers?); posleak files each attention call under its layer and cannot measure it"
+        )
+    layer = module.layer_idx
     spec = session.edits.mask_for(spec)
     with_keys = norm == "softmax" and session.needs_attended_keys
     out, log_z_keys = _attend_captured(query, key, value, spec, scaling, softcap, norm, with_keys)
