@@ -92,13 +92,7 @@ def posleak_attention(
         output = _attend_uncaptured(query, key, value, spec, scaling, dropout, softcap, s_aux, norm)
         return output.transpose(1, 2).contiguous(), None
 
-    if not isinstance(getattr(module, "layer_idx", None), int):
-        # Zamba shares one attention module among its hybrid layers: its calls name no layer to file them under
-        raise PosleakError(
-            f"{type(module).__name__} has no layer index of its own (one attention module shared by several "
-            "layers?); posleak files each attention call under its layer and cannot measure it"
-        )
-    layer = module.layer_idx
+    layer = _layer_of(module)
     spec = session.edits.mask_for(spec)
     with_keys = norm == "softmax" and session.needs_attended_keys
     out, log_z_keys = _attend_captured(query, key, value, spec, scaling, softcap, norm, with_keys)
@@ -124,6 +118,18 @@ def posleak_attention(
     call.output = session.edits.ablate_key0_values(call)
     session.record(call)
     return call.output.transpose(1, 2).contiguous(), None
+
+
+def _layer_of(module: torch.nn.Module) -> int:
+    """The layer a captured call is filed under: the module's own index."""
+    layer = getattr(module, "layer_idx", None)
+    if not isinstance(layer, int):
+        # Zamba shares one attention module among its hybrid layers: its calls name no layer to file them under
+        raise PosleakError(
+            f"{type(module).__name__} has no layer index of its own (one attention module shared by several "
+            "layers?); posleak files each attention call under its layer and cannot measure it"
+        )
+    return layer
 
 
 def _mask_of_call(
