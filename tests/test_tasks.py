@@ -25,11 +25,18 @@ def _brute_force(task: str, words: list[str]) -> dict[int, str]:
     """{position: the token the rule puts there} for every answer of one row, read from the row's words alone."""
     assert words[0] == "<bos>"
     if task == "index":
-        q = words.index("<q>")
-        p = int("".join(words[q + 1 : q + 4]))
-        content = words[1:q]
-        assert len(set(content)) == len(content) and 1 <= p <= len(content)
-        return {len(words) - 1: content[p - 1]}
+        n = (len(words) - 1) // 2
+        content, answers, asked = words[1 : n + 1], {}, set()
+        assert len(set(content)) == len(content)
+        for i in range(n + 1, len(words) - 3, 4):  # queries d d d y, then <eos> to the end
+            if words[i] == "<eos>":
+                break
+            p = int("".join(words[i : i + 3]))
+            assert 1 <= p <= n and p not in asked
+            asked.add(p)
+            answers[i + 3] = content[p - 1]
+        assert len(asked) == (len(words) - 1 - n) // 4 and all(w == "<eos>" for w in words[n + 1 + 4 * len(asked) :])
+        return answers
     if task == "count":
         q = words.index("<q>")
         content = words[1:q]
@@ -86,7 +93,7 @@ def test_unknown_tasks_and_lengths_are_refused_in_one_line() -> None:
     assert parse_tasks("copy, index") == ("copy", "index")
     with pytest.raises(PosleakError, match="unknown task nosuch; use all or some of index"):
         parse_tasks("index,nosuch")
-    with pytest.raises(PosleakError, match="task index takes rows of 9 to 503 tokens"):
+    with pytest.raises(PosleakError, match="task index takes rows of 9 to 992 tokens"):
         generate("index", 2, 2000, 0)
 
 
@@ -100,18 +107,17 @@ def _greedy_answers(model: torch.nn.Module, ids: torch.Tensor, start: int, count
     return prefix[:, start:]
 
 
-@pytest.mark.parametrize(("task", "overhead", "answer_tokens"), [("index", 7, 1), ("count", 5, 3)])
+# rows whose answer ends them: index at 10 tokens (4 content symbols, one query), count at 20 (15 content tokens)
+@pytest.mark.parametrize(("task", "length", "n", "answer_tokens"), [("index", 10, 4, 1), ("count", 20, 15, 3)])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_a_model_blind_to_position_is_at_chance_on_the_absolute_tasks(
-    task: str, overhead: int, answer_tokens: int, seed: int
+    task: str, length: int, n: int, answer_tokens: int, seed: int
 ) -> None:
     """A NoPE model whose content positions see each other without a causal mask (a bidirectional prefix over
     <bos> and the content) cannot tell arrangements of the content apart: its greedy answer is the same for all
     n cyclic shifts of a row's content, while the true answers of those n rows are n different ones. So it
     solves at most one row of each orbit, 1/n of them, the task's analytic chance level; a causal NoPE model
     is not blind and answers the shifts differently (the check can fail)."""
-    length = 20
-    n = length - overhead
     assert TASKS[task].chance(length) == pytest.approx(1 / n)
     blind_spec = LabSpec(pe="nope", attention=f"prefix:{n + 1}")
     blind = build_lab_model(LabConfig.from_spec(blind_spec, VOCAB_SIZE, 64, 0, 1), seed=seed)
@@ -124,7 +130,7 @@ def test_a_model_blind_to_position_is_at_chance_on_the_absolute_tasks(
             shifted = row.clone()
             shifted[1 : n + 1] = torch.roll(row[1 : n + 1], shift)
             if task == "index":  # the same index p, whose token is now another one
-                shifted[-1] = shifted[1 + int("".join(_words(row)[n + 2 : n + 5])) - 1]
+                shifted[-1] = shifted[1 + int("".join(_words(row)[n + 1 : n + 4])) - 1]
             else:  # the marker moved: the count is its new index
                 marker = int((shifted[1 : n + 1] == 4).nonzero())
                 shifted[-3:] = torch.tensor([6 + int(c) for c in f"{marker:03d}"])

@@ -10,7 +10,7 @@ the training length solves the longer rows too.
 
 | task | needs | rule (module docstrings state it exactly) |
 |---|---|---|
-| index | absolute | emit the content token at the absolute index written in digits after the content |
+| index | absolute | after the content, each of several indices written in digits is followed by its token |
 | count | absolute | write (in digits) how many content tokens precede the marker |
 | copy (copy_back.py) | relative | continue a block of 8 random symbols repeated: every token equals the one 8 back |
 | recall | relative | after key-value pairs, a key is followed by its value |
