@@ -26,7 +26,8 @@ from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, perc
 from posleak.experiments.paper import QUICK, paper_plan
 from posleak.experiments.paper.c1 import claim_c1
 from posleak.experiments.paper.c2 import claim_c2
-from posleak.experiments.paper.c3 import claim_c3, control_heads, head_list, sink_heads
+from posleak.experiments.paper.c3 import claim_c3, unit_verdicts
+from posleak.experiments.paper.c3_units import control_heads, head_list, heads_by_layer, sink_heads, unit_rows
 from posleak.experiments.paper.c4 import LabRuns, claim_c4, lab_runs
 from posleak.experiments.paper.c5 import claim_c5
 from posleak.experiments.paper.c6 import claim_c6
@@ -282,42 +283,99 @@ def test_claim_c1_and_c2_verdicts(models: dict[str, AnalysisResult], verdict: st
 
 CLOSED, OPEN = {"run": 0.0}, {"run": 0.02}
 LOWERS = _estimate(-5.0, 1.0)
+QUIET = _estimate(-0.2, 0.3)  # a control's change: no lowering beyond 1%
+
+
+def _unit(patch: Estimate, controls: list[Estimate], full: bool = True) -> dict[str, Estimate]:
+    """A unit's changes by run name: the K/V patch of the sinks and of each control, and (full) the reported runs."""
+    changes = {"kv0-sinks": patch, **{f"kv0-control{k}": c for k, c in enumerate(controls)}}
+    if full:
+        reported = {"ablate-sinks": _estimate(2.0, 1.0), "ablate-sinks-mean": _estimate(3.0, 1.0)}
+        reported |= {f"ablate-control{k}": QUIET for k in range(len(controls))} | {"patch-pos0": LOWERS}
+        changes |= reported
+    return changes
+
+
+GOOD = _unit(LOWERS, [QUIET, _estimate(0.1, 0.3)])
+RAISES = _unit(_estimate(0.5, 0.3), [QUIET])  # the patch raises it
+OUTDONE = _unit(LOWERS, [_estimate(-9.0, 1.0)], full=False)  # a control lowers it more
+UNCLEAR = _unit(_estimate(-1.5, 1.0), [QUIET])  # −2.5 to −0.5: maybe under 1%
 
 
 @pytest.mark.parametrize(
-    ("closed", "joint", "controls", "verdict"),
+    ("changes", "verdict"),
     [
-        (CLOSED, LOWERS, [_estimate(-0.2, 0.3), _estimate(0.1, 0.3)], "consistent"),
-        (OPEN, LOWERS, [_estimate(-0.2, 0.3)], "not consistent"),  # the closed system fails
-        (CLOSED, _estimate(0.5, 0.3), [_estimate(-0.2, 0.3)], "not consistent"),  # the ablation raises it
-        (CLOSED, LOWERS, [_estimate(-9.0, 1.0)], "not consistent"),  # a control lowers it more
-        (CLOSED, _estimate(-1.5, 1.0), [_estimate(-0.2, 0.3)], "inconclusive"),  # −2.5 to −0.5: maybe under 1%
-        (CLOSED, LOWERS, [_estimate(-4.5, 3.0)], "inconclusive"),  # no clearer than a control
+        (GOOD, "consistent"),
+        (RAISES, "not consistent"),
+        (OUTDONE, "not consistent"),
+        (UNCLEAR, "inconclusive"),
+        ({}, "inconclusive"),
+    ],  # no sink head: cannot be tested
+)
+def test_a_c3_unit_is_decided_by_the_kv0_patch_alone(changes: dict[str, Estimate], verdict: str) -> None:
+    """A unit's verdict: its K/V patch below −1% and below each control; the value ablation (here raising the
+    magnitude) and the position-0 patch are reported, never deciding."""
+    rows = unit_rows("m", changes)
+    assert unit_verdicts({"m": rows}) == {"m": verdict}
+    reported = {r["evidence"] for r in rows if not r["deciding"]}
+    assert {
+        "m: value ablation (zero): change",
+        "m: position-0 patch: change",
+    } <= reported or "ablate-sinks" not in changes
+
+
+@pytest.mark.parametrize(
+    ("closed", "units", "verdict"),
+    [
+        (CLOSED, [GOOD, GOOD, GOOD], "consistent"),
+        (OPEN, [GOOD, GOOD, GOOD], "not consistent"),  # the closed system fails
+        (CLOSED, [GOOD, RAISES, GOOD], "inconclusive"),  # one model against: not the claim's verdict
+        (CLOSED, [GOOD, RAISES, OUTDONE], "not consistent"),  # a majority against
+        (CLOSED, [GOOD, RAISES, OUTDONE, GOOD], "inconclusive"),  # half is not more than half
+        (CLOSED, [GOOD, UNCLEAR, GOOD], "inconclusive"),
+        (CLOSED, [GOOD, {}, GOOD], "inconclusive"),  # a unit that cannot be tested
     ],
 )
-def test_claim_c3_verdicts(closed: dict[str, float], joint: Estimate, controls: list[Estimate], verdict: str) -> None:
-    assert claim_c3(closed, joint, controls, patch=_estimate(-3.0, 1.0)).verdict == verdict
+def test_claim_c3_verdicts(closed: dict[str, float], units: list[dict[str, Estimate]], verdict: str) -> None:
+    """The claim from its units (docs/method.md §13): consistent when all are, not consistent when more than
+    half are not, or when the closed system fails; every unit's rows are in the evidence under its label."""
+    judgement = claim_c3(closed, {f"u{k}": unit_rows(f"u{k}", changes) for k, changes in enumerate(units)})
+    assert judgement.verdict == verdict
+    labels = {e.split(":")[0] for e in judgement.evidence["evidence"]} - {"closed system"}
+    assert labels == {f"u{k}" for k in range(len(units))}
 
 
 def test_claim_c3_on_a_model_whose_sink_heads_write_nothing() -> None:
-    """A model built with sink heads whose outputs are zeroed (tests/tiny.py): ablating their value at key 0 cannot
-    change anything downstream, so the measured change is exactly 0 and C3 is not consistent. The ablation ran:
-    the ablated run's manifest records it and the heads ablated are the model's sink heads."""
+    """A model built with sink heads whose outputs are zeroed (tests/tiny.py): patching their key and value at key
+    0, or ablating the value, cannot change anything downstream, so the measured change is exactly 0 and the unit
+    is not consistent. The patch ran: the run's manifest records it and the heads patched are the model's sink
+    heads."""
     ids = sink_ids()
     batch = TokenBatch(ids, "verbatim", None, ids[:, 0].clone(), source="test", source_name="test", seed=None)
     config = AnalyzeConfig(seq_len=SINK_T, num_seqs=batch.num_seqs, bootstrap=50)
     model = sink_model(SINK_LOGITS)
     baseline = analyze_model(model, batch, config, model_id="sink-lab", progress=False)
     sinks = sink_heads(baseline.per_head)
-    ablate = Interventions(ablate_sink_values=head_list(sinks))
-    ablated = analyze_model(model, batch, replace(config, interventions=ablate), model_id="sink-lab", progress=False)
-    assert ablated.manifest["interventions"][0]["ablate_sink_values"] == "0.0,1.3,0.2"
-    later = [layer for layer in baseline.per_layer["layer"] if layer > sinks["layer"].min()]
-    change = percent_change(baseline, ablated, "resid_all", later)
-    assert change.value == 0.0 and change.interval == (0.0, 0.0)
-    controls = [percent_change(baseline, baseline, "resid_all", later)]
-    judgement = claim_c3({"baseline": 0.0}, change, controls)
-    assert judgement.verdict == "not consistent"
+    changes = {}
+    for name, edit in (
+        ("kv0-sinks", Interventions(patch_kv0="id:5", kv0_heads=head_list(sinks))),
+        ("ablate-sinks", Interventions(ablate_sink_values=head_list(sinks))),
+    ):
+        run = analyze_model(model, batch, replace(config, interventions=edit), model_id="sink-lab", progress=False)
+        assert set(run.manifest["interventions"][0].values()) & {"0.0,1.3,0.2"}
+        later = [layer for layer in baseline.per_layer["layer"] if layer > sinks["layer"].min()]
+        changes[name] = percent_change(baseline, run, "resid_all", later)
+        assert changes[name].value == 0.0 and changes[name].interval == (0.0, 0.0)
+    changes["kv0-control0"] = percent_change(baseline, baseline, "resid_all", later)
+    assert unit_verdicts({"m": unit_rows("m", {k: changes[k] for k in ("kv0-sinks", "kv0-control0")})}) == {
+        "m": "not consistent"
+    }
+
+
+def test_heads_by_layer_reads_as_wrapping_per_layer_lists() -> None:
+    heads = pd.DataFrame({"layer": [4, 3, 3, 10], "head": [2, 7, 0, 1]})
+    assert heads_by_layer(heads) == "L3: 0 7; L4: 2; L10: 1"
+    assert heads_by_layer(heads.iloc[:0]) == "-"
 
 
 def _lab(slopes: dict[str, list[float]], level: dict[str, float] | None = None) -> LabRuns:
