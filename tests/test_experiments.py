@@ -86,38 +86,66 @@ def test_position0_and_sink_ablation_tables(paper: Path) -> None:
         assert (gemma["fingerprint_cos_bos"] > 1 - 1e-6).all()  # constant with the auto-prepended BOS
         assert (gemma["fingerprint_cos_nobos"] < 1 - 1e-3).any()
         ablation = pd.read_parquet(paper / f"sink_ablation_{sample}.parquet")
-        assert list(ablation.columns) == ["run", "heads", "change_pct", "lo", "hi"]
-        assert len(ablation) == 1 + 2 + 1  # the sink heads jointly, two control draws, the position-0 patch
-        sinks = set(ablation["heads"].iloc[0].split(","))
-        per_head = pd.read_parquet(paper / "runs" / f"smollm2-135m-{sample}" / "per_head.parquet")
-        before_last = per_head[per_head["layer"] < per_head["layer"].max()]
-        assert len(sinks) == int((before_last["sink_score"] > 0.3).sum())
-        pool = int((before_last["sink_score"] <= 0.3).sum())  # as many controls as sinks, or all non-sink heads
-        for heads in ablation["heads"].iloc[1:3]:
-            control = set(heads.split(","))
-            assert len(control) == min(len(sinks), pool) and not control & sinks
+        assert list(ablation.columns) == ["unit", "run", "head_count", "heads", "change_pct", "lo", "hi"]
+        units = _c3_units(paper, sample)
+        assert len(units) == 6  # each model with and without a BOS at position 0 (every tokenizer here has one)
+        for label, unit in units.items():
+            runs = ablation[ablation["unit"] == label].set_index("run")
+            full = unit["bos"] == "auto"  # the role's own BOS setting: every run
+            expected = ["kv0-sinks", "kv0-control0", "kv0-control1"]
+            expected += ["ablate-sinks", "ablate-sinks-mean", "ablate-control0", "patch-pos0"] if full else []
+            assert list(runs.index) == expected == list(unit["runs"])
+            per_head = pd.read_parquet(paper / "runs" / unit["baseline"] / "per_head.parquet")
+            before_last = per_head[per_head["layer"] < per_head["layer"].max()]
+            sinks = _heads(runs.loc["kv0-sinks", "heads"])
+            assert len(sinks) == runs.loc["kv0-sinks", "head_count"] == unit["sink_heads"]
+            assert sinks == {
+                (layer, head)
+                for layer, head, score in before_last[["layer", "head", "sink_score"]].itertuples(False)
+                if score > 0.3
+            }
+            pool = int((before_last["sink_score"] <= 0.3).sum())  # as many controls as sinks, or all non-sink heads
+            for run in ("kv0-control0", "kv0-control1"):
+                control = _heads(runs.loc[run, "heads"])
+                assert len(control) == min(len(sinks), pool) and not control & sinks
+
+
+def _c3_units(paper: Path, sample: str) -> dict[str, dict]:
+    claims = json.loads((paper / "claims.json").read_text())
+    return next(c for c in claims if c["claim"] == "C3")["numbers"][sample]["units"]
+
+
+def _heads(by_layer: str) -> set[tuple[int, int]]:
+    """`L3: 0 7; L4: 2` (the report's form) → {(3, 0), (3, 7), (4, 2)}."""
+    heads = set()
+    for part in by_layer.split("; "):
+        layer, listed = part.split(": ")
+        heads |= {(int(layer.removeprefix("L")), int(head)) for head in listed.split()}
+    return heads
 
 
 @pytest.mark.slow
 def test_every_intervention_comes_with_its_effect_on_the_loss(paper: Path) -> None:
     """behaviour_{A,B}.parquet: each intervention the reproduction runs against its baseline; the loss and accuracy
     over all queries equal the means of the two runs' own next-token scores (their tokens.parquet)."""
-    pairs = {
-        ("C3", "ablate-sinks"): ("smollm2-135m", "smollm2-135m-ablate-sinks"),
-        ("C3", "ablate-control0"): ("smollm2-135m", "smollm2-135m-ablate-control0"),
-        ("C3", "ablate-control1"): ("smollm2-135m", "smollm2-135m-ablate-control1"),
-        ("C3", "patch-pos0"): ("smollm2-135m", "smollm2-135m-patch-pos0"),
-        ("C4", "ntk:4"): ("smollm2-135m", "smollm2-135m-ntk4"),
-        ("C4", "ntk:16"): ("smollm2-135m", "smollm2-135m-ntk16"),
-        **{("C5", f"replace-bos {k}"): ("gemma3-270m-bos", f"gemma3-270m-bos-{k}") for k in ("mean", "random", "zero")},
-    }
     for sample in ("A", "B"):
+        pairs = {
+            ("C4", "ntk:4"): ("smollm2-135m", "smollm2-135m-ntk4"),
+            ("C4", "ntk:16"): ("smollm2-135m", "smollm2-135m-ntk16"),
+            **{
+                ("C5", f"replace-bos {k}"): ("gemma3-270m-bos", f"gemma3-270m-bos-{k}")
+                for k in ("mean", "random", "zero")
+            },
+        }
+        pairs = {key: (base + f"-{sample}", new + f"-{sample}") for key, (base, new) in pairs.items()}
+        for label, unit in _c3_units(paper, sample).items():
+            pairs |= {("C3", f"{label}: {name}"): (unit["baseline"], folder) for name, folder in unit["runs"].items()}
         table = pd.read_parquet(paper / f"behaviour_{sample}.parquet")
         assert set(zip(table["claim"], table["intervention"], strict=True)) == set(pairs)
         whole = table[table["bucket"] == "all"].set_index(["claim", "intervention", "measure"])
         for key, (base, new) in pairs.items():
             for run, column in ((base, "baseline"), (new, "intervened")):
-                tokens = pd.read_parquet(paper / "runs" / f"{run}-{sample}" / "tokens.parquet")
+                tokens = pd.read_parquet(paper / "runs" / run / "tokens.parquet")
                 assert whole.loc[(*key, "loss"), column] == pytest.approx(tokens["nll"].mean(), rel=1e-9)
                 assert whole.loc[(*key, "accuracy"), column] == pytest.approx(tokens["correct"].mean(), rel=1e-9)
 
@@ -126,9 +154,10 @@ def test_every_intervention_comes_with_its_effect_on_the_loss(paper: Path) -> No
 def test_every_run_folder_is_complete(paper: Path) -> None:
     manifest = json.loads((paper / "manifest.json").read_text())
     folders = sorted((paper / "runs").iterdir())
-    # per sample: smollm2, 2 NTK factors, qwen, gemma, Gemma with BOS and 3 replacements, the joint sink
-    # ablation, 2 controls and the patch
-    assert len(folders) == 2 * 13
+    # per sample: smollm2, 2 NTK factors, qwen, gemma, Gemma with BOS and 3 replacements (9); C3: each model in
+    # its own BOS setting, 7 runs (K/V patch of the sinks and 2 controls, value zeroed and mean, 1 control, h_0
+    # patched), and in the other, a baseline and 3 runs (the K/V patches)
+    assert len(folders) == 2 * (9 + 3 * 7 + 3 * 4)
     assert set(manifest["runs"].values()) <= {str(folder) for folder in folders}
     for folder in folders:
         assert json.loads((folder / "manifest.json").read_text())["status"] == "complete", folder
@@ -291,7 +320,7 @@ def _unit(patch: Estimate, controls: list[Estimate], full: bool = True) -> dict[
     changes = {"kv0-sinks": patch, **{f"kv0-control{k}": c for k, c in enumerate(controls)}}
     if full:
         reported = {"ablate-sinks": _estimate(2.0, 1.0), "ablate-sinks-mean": _estimate(3.0, 1.0)}
-        reported |= {f"ablate-control{k}": QUIET for k in range(len(controls))} | {"patch-pos0": LOWERS}
+        reported |= {"ablate-control0": QUIET, "patch-pos0": LOWERS}
         changes |= reported
     return changes
 

@@ -117,10 +117,13 @@ class C3(ClaimModule):
                 label: {
                     "role": u.unit.role,
                     "model": self.repro.plan.roles[u.unit.role].model,
+                    "bos": u.unit.bos,  # its baseline's --bos: auto (the role's shared baseline), on or off
                     "bos_at_0": u.unit.bos_at_0,
                     "verdict": verdicts[label],
                     "sink_heads": len(u.design.sinks),
                     "later_layers": u.design.later,
+                    "baseline": u.baseline.run.path.name if u.baseline.run else None,  # its folder under runs/
+                    "runs": {name: r.run.path.name if r.run else None for name, r in u.runs.items()},
                 }
                 for label, u in units.items()
             }
