@@ -220,7 +220,8 @@ def measure_units(repro: Reproduction, runs: Mapping[str, SampleRuns]) -> dict[s
     samples = list(runs)
     units = c3_units(repro, runs[samples[0]])
     extra = [(u, s) for s in samples for u in units if not u.full]
-    baselines = dict(zip(extra, repro.run([baseline_job(repro, u, s) for u, s in extra]), strict=True))
+    jobs = [baseline_job(repro, u, s) for u, s in extra]
+    baselines = dict(zip(extra, repro.run(jobs) if jobs else [], strict=True))
     draws = repro.plan.control_draws
     planned = []
     for s in samples:
