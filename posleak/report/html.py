@@ -106,7 +106,7 @@ dd { margin: 0; overflow-wrap: anywhere; }
 dd dl { margin: 0 0 .3rem; }
 footer { margin-top: 3rem; padding-top: .8rem; border-top: 1px solid var(--rule); color: var(--muted);
   font-size: .82rem; }
-td.wrap { white-space: normal; text-align: left; min-width: 16rem; max-width: 30rem; }
+td.wrap { white-space: normal; min-width: 7rem; max-width: 30rem; }
 """
 
 

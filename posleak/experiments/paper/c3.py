@@ -136,7 +136,13 @@ class C3(ClaimModule):
         side = side_by_side(units, self.numbers(sample)["units"])
         self.repro.out.write_table(f"c3_units_{sample}", side)
         return [
-            TableBlock(f"C3 by model (sample {sample})", side, source=f"c3_units_{sample}.parquet"),
+            TableBlock(
+                f"C3 by model (sample {sample})",
+                side,
+                caption=SIDE_BY_SIDE_CAPTION,
+                source=f"c3_units_{sample}.parquet",
+                wrap=tuple(side.columns[3:]),  # the changes with their intervals
+            ),
             TableBlock(
                 f"Sink-head ablation and controls (sample {sample})",
                 rounded(table),
@@ -176,6 +182,13 @@ class C3(ClaimModule):
             path = self.repro.out.figure_path(f"c3_{u.unit.folder}")
             paths.append(figures.lines_by_run(lines, "resid_all", path, title=title, ylabel="resid_all (nats)"))
         return paths
+
+
+SIDE_BY_SIDE_CAPTION = (
+    "Each unit's change of the later layers' mean residual-stream magnitude, % (95% interval), under: the K/V patch "
+    f"of the sink heads from {PATCH_SOURCE!r} (deciding) and of control draw 0, the value at key 0 zeroed and replaced "
+    "by the mean value in the sink heads, zeroed in control 0, and h_0 itself patched; - where a unit does not run it."
+)
 
 
 def side_by_side(units: Mapping[str, UnitEvidence], numbers: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
