@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from browser import check_in_chromium, needs_chromium, section_tables
+from browser import check_in_chromium, needs_chromium, section_tables, table_layout
 from cli import file_stamps, run_cli, run_main
 from tiny import SINK_T, sink_ids, sink_model, sink_scores
 
@@ -173,6 +173,8 @@ def test_paper_report_renders_in_chromium(paper: Path, tmp_path: Path) -> None:
     tables = section_tables(paper / "report.html", tmp_path)
     claims = {heading.split(":")[0]: count for heading, count in tables.items() if heading[:1] == "C"}
     assert sorted(claims) == CLAIMS and all(count >= 2 for count in claims.values()), tables
+    wrapping = [table for table in table_layout(paper / "report.html", tmp_path) if table["lines"]]
+    assert len(wrapping) == 2 and all(table["fits"] for table in wrapping), wrapping  # C3's two tables fit the page
 
 
 @pytest.mark.slow

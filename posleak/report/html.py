@@ -106,7 +106,7 @@ dd { margin: 0; overflow-wrap: anywhere; }
 dd dl { margin: 0 0 .3rem; }
 footer { margin-top: 3rem; padding-top: .8rem; border-top: 1px solid var(--rule); color: var(--muted);
   font-size: .82rem; }
-td.wrap { white-space: normal; min-width: 7rem; max-width: 30rem; }
+td.wrap, th.wrap { white-space: normal; min-width: 6rem; max-width: 30rem; }
 """
 
 
@@ -170,13 +170,17 @@ def _table(block: TableBlock) -> str:
 
 
 def _wrapped(body: str, df: pd.DataFrame, columns: tuple[str, ...]) -> str:
-    """The table's cells of `columns` marked `class="wrap"`: the one place a cell may break across lines (cell
-    text is escaped, so every `<td>` opens a cell)."""
+    """The table's cells and headers of `columns` marked `class="wrap"`: the one place a cell may break across
+    lines (cell text is escaped, so every `<td>` or `<th>` opens a cell)."""
     wrap = {i for i, name in enumerate(df.columns) if name in columns}
 
     def row(html: str) -> str:
-        first, *cells = html.split("<td>")
-        return first + "".join(('<td class="wrap">' if i in wrap else "<td>") + cell for i, cell in enumerate(cells))
+        for tag in ("td", "th"):
+            first, *cells = html.split(f"<{tag}>")
+            html = first + "".join(
+                (f'<{tag} class="wrap">' if i in wrap else f"<{tag}>") + cell for i, cell in enumerate(cells)
+            )
+        return html
 
     return "<tr>".join(row(html) for html in body.split("<tr>")) if wrap else body
 

@@ -141,7 +141,7 @@ class C3(ClaimModule):
                 side,
                 caption=SIDE_BY_SIDE_CAPTION,
                 source=f"c3_units_{sample}.parquet",
-                wrap=tuple(side.columns[3:]),  # the changes with their intervals
+                wrap=tuple(side.columns),  # nine columns of text: each may break to fit the page
             ),
             TableBlock(
                 f"Sink-head ablation and controls (sample {sample})",
