@@ -111,3 +111,28 @@ def section_tables(report: Path, tmp_path: Path) -> dict[str, int]:
     parser = _Sections()
     parser.feed(dumped.stdout)
     return parser.tables
+
+
+# Injected like PROBE: for each table, whether it fits its scrolling box, and for each cell marked to wrap, how
+# many lines it takes.
+LAYOUT_PROBE = """<script>
+window.addEventListener("load", () => {
+  const out = document.createElement("pre");
+  out.id = "layout";
+  out.textContent = JSON.stringify([...document.querySelectorAll(".table-wrap")].map((box) => ({
+    fits: box.scrollWidth <= box.clientWidth,
+    lines: [...box.querySelectorAll("td.wrap")].map((td) =>
+      Math.round(td.getBoundingClientRect().height / parseFloat(getComputedStyle(td).lineHeight || "16"))),
+  })));
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def table_layout(report: Path, tmp_path: Path) -> list[dict]:
+    """Per table of `report` as Chromium lays it out at 1280 px: `fits` (no horizontal scrolling) and the line
+    count of each cell marked to wrap."""
+    probe = tmp_path / "layout.html"
+    probe.write_text(report.read_text().replace("</body>", LAYOUT_PROBE + "</body>"))
+    dumped = _chromium(tmp_path / "profile-layout", "--dump-dom", "--window-size=1280,2000", probe.as_uri())
+    return json.loads(re.search(r'<pre id="layout">(.*?)</pre>', dumped.stdout).group(1))

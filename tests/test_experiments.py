@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from browser import check_in_chromium, needs_chromium, section_tables
+from browser import check_in_chromium, needs_chromium, section_tables, table_layout
 from cli import file_stamps, run_cli, run_main, strict_json_files
 from tiny import SINK_T, sink_ids, sink_model, sink_scores
 
@@ -27,7 +27,8 @@ from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, perc
 from posleak.experiments.paper import QUICK, paper_plan
 from posleak.experiments.paper.c1 import claim_c1
 from posleak.experiments.paper.c2 import claim_c2
-from posleak.experiments.paper.c3 import claim_c3, control_heads, head_list, sink_heads
+from posleak.experiments.paper.c3 import claim_c3, unit_verdicts
+from posleak.experiments.paper.c3_units import control_heads, head_list, heads_by_layer, sink_heads, unit_rows
 from posleak.experiments.paper.c4 import LabRuns, claim_c4, lab_runs
 from posleak.experiments.paper.c5 import claim_c5
 from posleak.experiments.paper.c6 import claim_c6
@@ -115,38 +116,66 @@ def test_position0_and_sink_ablation_tables(paper: Path) -> None:
         assert (gemma["fingerprint_cos_bos"] > 1 - 1e-6).all()  # constant with the auto-prepended BOS
         assert (gemma["fingerprint_cos_nobos"] < 1 - 1e-3).any()
         ablation = pd.read_parquet(paper / f"sink_ablation_{sample}.parquet")
-        assert list(ablation.columns) == ["run", "heads", "change_pct", "lo", "hi"]
-        assert len(ablation) == 1 + 2 + 1  # the sink heads jointly, two control draws, the position-0 patch
-        sinks = set(ablation["heads"].iloc[0].split(","))
-        per_head = pd.read_parquet(paper / "runs" / f"smollm2-135m-{sample}" / "per_head.parquet")
-        before_last = per_head[per_head["layer"] < per_head["layer"].max()]
-        assert len(sinks) == int((before_last["sink_score"] > 0.3).sum())
-        pool = int((before_last["sink_score"] <= 0.3).sum())  # as many controls as sinks, or all non-sink heads
-        for heads in ablation["heads"].iloc[1:3]:
-            control = set(heads.split(","))
-            assert len(control) == min(len(sinks), pool) and not control & sinks
+        assert list(ablation.columns) == ["unit", "run", "head_count", "heads", "change_pct", "lo", "hi"]
+        units = _c3_units(paper, sample)
+        assert len(units) == 6  # each model with and without a BOS at position 0 (every tokenizer here has one)
+        for label, unit in units.items():
+            runs = ablation[ablation["unit"] == label].set_index("run")
+            full = unit["bos"] == "auto"  # the role's own BOS setting: every run
+            expected = ["kv0-sinks", "kv0-control0", "kv0-control1"]
+            expected += ["ablate-sinks", "ablate-sinks-mean", "ablate-control0", "patch-pos0"] if full else []
+            assert list(runs.index) == expected == list(unit["runs"])
+            per_head = pd.read_parquet(paper / "runs" / unit["baseline"] / "per_head.parquet")
+            before_last = per_head[per_head["layer"] < per_head["layer"].max()]
+            sinks = _heads(runs.loc["kv0-sinks", "heads"])
+            assert len(sinks) == runs.loc["kv0-sinks", "head_count"] == unit["sink_heads"]
+            assert sinks == {
+                (layer, head)
+                for layer, head, score in before_last[["layer", "head", "sink_score"]].itertuples(False)
+                if score > 0.3
+            }
+            pool = int((before_last["sink_score"] <= 0.3).sum())  # as many controls as sinks, or all non-sink heads
+            for run in ("kv0-control0", "kv0-control1"):
+                control = _heads(runs.loc[run, "heads"])
+                assert len(control) == min(len(sinks), pool) and not control & sinks
+
+
+def _c3_units(paper: Path, sample: str) -> dict[str, dict]:
+    claims = json.loads((paper / "claims.json").read_text())
+    return next(c for c in claims if c["claim"] == "C3")["numbers"][sample]["units"]
+
+
+def _heads(by_layer: str) -> set[tuple[int, int]]:
+    """`L3: 0 7; L4: 2` (the report's form) → {(3, 0), (3, 7), (4, 2)}."""
+    heads = set()
+    for part in by_layer.split("; "):
+        layer, listed = part.split(": ")
+        heads |= {(int(layer.removeprefix("L")), int(head)) for head in listed.split()}
+    return heads
 
 
 @pytest.mark.slow
 def test_every_intervention_comes_with_its_effect_on_the_loss(paper: Path) -> None:
     """behaviour_{A,B}.parquet: each intervention the reproduction runs against its baseline; the loss and accuracy
     over all queries equal the means of the two runs' own next-token scores (their tokens.parquet)."""
-    pairs = {
-        ("C3", "ablate-sinks"): ("smollm2-135m", "smollm2-135m-ablate-sinks"),
-        ("C3", "ablate-control0"): ("smollm2-135m", "smollm2-135m-ablate-control0"),
-        ("C3", "ablate-control1"): ("smollm2-135m", "smollm2-135m-ablate-control1"),
-        ("C3", "patch-pos0"): ("smollm2-135m", "smollm2-135m-patch-pos0"),
-        ("C4", "ntk:4"): ("smollm2-135m", "smollm2-135m-ntk4"),
-        ("C4", "ntk:16"): ("smollm2-135m", "smollm2-135m-ntk16"),
-        **{("C5", f"replace-bos {k}"): ("gemma3-270m-bos", f"gemma3-270m-bos-{k}") for k in ("mean", "random", "zero")},
-    }
     for sample in ("A", "B"):
+        pairs = {
+            ("C4", "ntk:4"): ("smollm2-135m", "smollm2-135m-ntk4"),
+            ("C4", "ntk:16"): ("smollm2-135m", "smollm2-135m-ntk16"),
+            **{
+                ("C5", f"replace-bos {k}"): ("gemma3-270m-bos", f"gemma3-270m-bos-{k}")
+                for k in ("mean", "random", "zero")
+            },
+        }
+        pairs = {key: (base + f"-{sample}", new + f"-{sample}") for key, (base, new) in pairs.items()}
+        for label, unit in _c3_units(paper, sample).items():
+            pairs |= {("C3", f"{label}: {name}"): (unit["baseline"], folder) for name, folder in unit["runs"].items()}
         table = pd.read_parquet(paper / f"behaviour_{sample}.parquet")
         assert set(zip(table["claim"], table["intervention"], strict=True)) == set(pairs)
         whole = table[table["bucket"] == "all"].set_index(["claim", "intervention", "measure"])
         for key, (base, new) in pairs.items():
             for run, column in ((base, "baseline"), (new, "intervened")):
-                tokens = pd.read_parquet(paper / "runs" / f"{run}-{sample}" / "tokens.parquet")
+                tokens = pd.read_parquet(paper / "runs" / run / "tokens.parquet")
                 assert whole.loc[(*key, "loss"), column] == pytest.approx(tokens["nll"].mean(), rel=1e-9)
                 assert whole.loc[(*key, "accuracy"), column] == pytest.approx(tokens["correct"].mean(), rel=1e-9)
 
@@ -155,9 +184,10 @@ def test_every_intervention_comes_with_its_effect_on_the_loss(paper: Path) -> No
 def test_every_run_folder_is_complete(paper: Path) -> None:
     manifest = json.loads((paper / "manifest.json").read_text())
     folders = sorted((paper / "runs").iterdir())
-    # per sample: smollm2, 2 NTK factors, qwen, gemma, Gemma with BOS and 3 replacements, the shuffle and shift
-    # nulls of smollm2, qwen and gemma, the joint sink ablation, 2 controls and the patch
-    assert len(folders) == 2 * 19
+    # per sample: smollm2, 2 NTK factors, qwen, gemma, Gemma with BOS and 3 replacements (9); the shuffle and shift
+    # nulls of smollm2, qwen and gemma (6); C3: each model in its own BOS setting, 7 runs (K/V patch of the sinks and
+    # 2 controls, value zeroed and mean, 1 control, h_0 patched), and in the other, a baseline and 3 runs (K/V patches)
+    assert len(folders) == 2 * (9 + 6 + 3 * 7 + 3 * 4)
     assert set(manifest["runs"].values()) <= {str(folder) for folder in folders}
     for folder in folders:
         assert json.loads((folder / "manifest.json").read_text())["status"] == "complete", folder
@@ -173,6 +203,8 @@ def test_paper_report_renders_in_chromium(paper: Path, tmp_path: Path) -> None:
     tables = section_tables(paper / "report.html", tmp_path)
     claims = {heading.split(":")[0]: count for heading, count in tables.items() if heading[:1] == "C"}
     assert sorted(claims) == CLAIMS and all(count >= 2 for count in claims.values()), tables
+    wrapping = [table for table in table_layout(paper / "report.html", tmp_path) if table["lines"]]
+    assert len(wrapping) == 2 and all(table["fits"] for table in wrapping), wrapping  # C3's two tables fit the page
 
 
 @pytest.mark.slow
@@ -401,42 +433,99 @@ def test_c1_judges_the_residual_stream_against_its_shuffle_null_and_c2_shows_the
 
 CLOSED, OPEN = {"run": 0.0}, {"run": 0.02}
 LOWERS = _estimate(-5.0, 1.0)
+QUIET = _estimate(-0.2, 0.3)  # a control's change: no lowering beyond 1%
+
+
+def _unit(patch: Estimate, controls: list[Estimate], full: bool = True) -> dict[str, Estimate]:
+    """A unit's changes by run name: the K/V patch of the sinks and of each control, and (full) the reported runs."""
+    changes = {"kv0-sinks": patch, **{f"kv0-control{k}": c for k, c in enumerate(controls)}}
+    if full:
+        reported = {"ablate-sinks": _estimate(2.0, 1.0), "ablate-sinks-mean": _estimate(3.0, 1.0)}
+        reported |= {"ablate-control0": QUIET, "patch-pos0": LOWERS}
+        changes |= reported
+    return changes
+
+
+GOOD = _unit(LOWERS, [QUIET, _estimate(0.1, 0.3)])
+RAISES = _unit(_estimate(0.5, 0.3), [QUIET])  # the patch raises it
+OUTDONE = _unit(LOWERS, [_estimate(-9.0, 1.0)], full=False)  # a control lowers it more
+UNCLEAR = _unit(_estimate(-1.5, 1.0), [QUIET])  # −2.5 to −0.5: maybe under 1%
 
 
 @pytest.mark.parametrize(
-    ("closed", "joint", "controls", "verdict"),
+    ("changes", "verdict"),
     [
-        (CLOSED, LOWERS, [_estimate(-0.2, 0.3), _estimate(0.1, 0.3)], "consistent"),
-        (OPEN, LOWERS, [_estimate(-0.2, 0.3)], "not consistent"),  # the closed system fails
-        (CLOSED, _estimate(0.5, 0.3), [_estimate(-0.2, 0.3)], "not consistent"),  # the ablation raises it
-        (CLOSED, LOWERS, [_estimate(-9.0, 1.0)], "not consistent"),  # a control lowers it more
-        (CLOSED, _estimate(-1.5, 1.0), [_estimate(-0.2, 0.3)], "inconclusive"),  # −2.5 to −0.5: maybe under 1%
-        (CLOSED, LOWERS, [_estimate(-4.5, 3.0)], "inconclusive"),  # no clearer than a control
+        (GOOD, "consistent"),
+        (RAISES, "not consistent"),
+        (OUTDONE, "not consistent"),
+        (UNCLEAR, "inconclusive"),
+        ({}, "inconclusive"),
+    ],  # no sink head: cannot be tested
+)
+def test_a_c3_unit_is_decided_by_the_kv0_patch_alone(changes: dict[str, Estimate], verdict: str) -> None:
+    """A unit's verdict: its K/V patch below −1% and below each control; the value ablation (here raising the
+    magnitude) and the position-0 patch are reported, never deciding."""
+    rows = unit_rows("m", changes)
+    assert unit_verdicts({"m": rows}) == {"m": verdict}
+    reported = {r["evidence"] for r in rows if not r["deciding"]}
+    assert {
+        "m: value ablation (zero): change",
+        "m: position-0 patch: change",
+    } <= reported or "ablate-sinks" not in changes
+
+
+@pytest.mark.parametrize(
+    ("closed", "units", "verdict"),
+    [
+        (CLOSED, [GOOD, GOOD, GOOD], "consistent"),
+        (OPEN, [GOOD, GOOD, GOOD], "not consistent"),  # the closed system fails
+        (CLOSED, [GOOD, RAISES, GOOD], "inconclusive"),  # one model against: not the claim's verdict
+        (CLOSED, [GOOD, RAISES, OUTDONE], "not consistent"),  # a majority against
+        (CLOSED, [GOOD, RAISES, OUTDONE, GOOD], "inconclusive"),  # half is not more than half
+        (CLOSED, [GOOD, UNCLEAR, GOOD], "inconclusive"),
+        (CLOSED, [GOOD, {}, GOOD], "inconclusive"),  # a unit that cannot be tested
     ],
 )
-def test_claim_c3_verdicts(closed: dict[str, float], joint: Estimate, controls: list[Estimate], verdict: str) -> None:
-    assert claim_c3(closed, joint, controls, patch=_estimate(-3.0, 1.0)).verdict == verdict
+def test_claim_c3_verdicts(closed: dict[str, float], units: list[dict[str, Estimate]], verdict: str) -> None:
+    """The claim from its units (docs/method.md §13): consistent when all are, not consistent when more than
+    half are not, or when the closed system fails; every unit's rows are in the evidence under its label."""
+    judgement = claim_c3(closed, {f"u{k}": unit_rows(f"u{k}", changes) for k, changes in enumerate(units)})
+    assert judgement.verdict == verdict
+    labels = {e.split(":")[0] for e in judgement.evidence["evidence"]} - {"closed system"}
+    assert labels == {f"u{k}" for k in range(len(units))}
 
 
 def test_claim_c3_on_a_model_whose_sink_heads_write_nothing() -> None:
-    """A model built with sink heads whose outputs are zeroed (tests/tiny.py): ablating their value at key 0 cannot
-    change anything downstream, so the measured change is exactly 0 and C3 is not consistent. The ablation ran:
-    the ablated run's manifest records it and the heads ablated are the model's sink heads."""
+    """A model built with sink heads whose outputs are zeroed (tests/tiny.py): patching their key and value at key
+    0, or ablating the value, cannot change anything downstream, so the measured change is exactly 0 and the unit
+    is not consistent. The patch ran: the run's manifest records it and the heads patched are the model's sink
+    heads."""
     ids = sink_ids()
     batch = TokenBatch(ids, "verbatim", None, ids[:, 0].clone(), source="test", source_name="test", seed=None)
     config = AnalyzeConfig(seq_len=SINK_T, num_seqs=batch.num_seqs, bootstrap=50)
     model = sink_model(SINK_LOGITS)
     baseline = analyze_model(model, batch, config, model_id="sink-lab", progress=False)
     sinks = sink_heads(baseline.per_head)
-    ablate = Interventions(ablate_sink_values=head_list(sinks))
-    ablated = analyze_model(model, batch, replace(config, interventions=ablate), model_id="sink-lab", progress=False)
-    assert ablated.manifest["interventions"][0]["ablate_sink_values"] == "0.0,1.3,0.2"
-    later = [layer for layer in baseline.per_layer["layer"] if layer > sinks["layer"].min()]
-    change = percent_change(baseline, ablated, "resid_all", later)
-    assert change.value == 0.0 and change.interval == (0.0, 0.0)
-    controls = [percent_change(baseline, baseline, "resid_all", later)]
-    judgement = claim_c3({"baseline": 0.0}, change, controls)
-    assert judgement.verdict == "not consistent"
+    changes = {}
+    for name, edit in (
+        ("kv0-sinks", Interventions(patch_kv0="id:5", kv0_heads=head_list(sinks))),
+        ("ablate-sinks", Interventions(ablate_sink_values=head_list(sinks))),
+    ):
+        run = analyze_model(model, batch, replace(config, interventions=edit), model_id="sink-lab", progress=False)
+        assert set(run.manifest["interventions"][0].values()) & {"0.0,1.3,0.2"}
+        later = [layer for layer in baseline.per_layer["layer"] if layer > sinks["layer"].min()]
+        changes[name] = percent_change(baseline, run, "resid_all", later)
+        assert changes[name].value == 0.0 and changes[name].interval == (0.0, 0.0)
+    changes["kv0-control0"] = percent_change(baseline, baseline, "resid_all", later)
+    assert unit_verdicts({"m": unit_rows("m", {k: changes[k] for k in ("kv0-sinks", "kv0-control0")})}) == {
+        "m": "not consistent"
+    }
+
+
+def test_heads_by_layer_reads_as_wrapping_per_layer_lists() -> None:
+    heads = pd.DataFrame({"layer": [4, 3, 3, 10], "head": [2, 7, 0, 1]})
+    assert heads_by_layer(heads) == "L3: 0 7; L4: 2; L10: 1"
+    assert heads_by_layer(heads.iloc[:0]) == "-"
 
 
 def _lab(slopes: dict[str, list[float]], level: dict[str, float] | None = None) -> LabRuns:

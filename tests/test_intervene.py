@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 import torch
 from cli import file_stamps, run_main, strict_json_files
 from tiny import FAMILIES, SINK_T, WINDOW, sink_ids, sink_model, sink_scores, tiny_model, tiny_tokenizer
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from posleak.capture import AttentionEdits, CaptureSession, ResidualCapture, use_posleak_attention
 from posleak.commands.intervene import effect_table, intervene
@@ -21,6 +22,7 @@ from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
 from posleak.intervene import Interventions
 from posleak.intervene.embedding import mean_embedding
+from posleak.intervene.spec import parse_heads
 from posleak.measure import LAYER_MAGNITUDES, behaviour, measured_magnitudes
 from posleak.measure.behaviour import behaviour_table
 from posleak.measure.bootstrap import resample_weights
@@ -162,6 +164,83 @@ def test_ablating_key0_of_a_reading_head_changes_later_queries_only() -> None:
     assert not torch.allclose(ablated[1, :, 1:], base[1, :, 1:])
 
 
+def _brute_force_attention(
+    record: dict[int, tuple[torch.Tensor, torch.Tensor]],
+    patch: dict[int, tuple[int, ...]],
+) -> Callable[..., tuple[torch.Tensor, None]]:
+    """Causal (and windowed) softmax attention in float64, written from the definition: it keeps k_0 and v_0 of
+    every query head in `record` (layer → (H, D) each) where `patch` is empty, and otherwise lets the queries
+    i ≥ 1 of `patch`'s heads attend over `record`'s k_0 and v_0 in place of their own."""
+
+    def attention(module, query, key, value, attention_mask, scaling=None, sliding_window=None, **kwargs):  # type: ignore[no-untyped-def]
+        layer, groups = int(module.layer_idx), query.shape[1] // key.shape[1]
+        q = query.double()
+        k, v = key.repeat_interleave(groups, 1).double(), value.repeat_interleave(groups, 1).double()
+        scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+        i, j = torch.arange(q.shape[-2])[:, None], torch.arange(q.shape[-2])[None, :]
+        valid = (j <= i) & ((i - j < sliding_window) if sliding_window else True)
+
+        def attend(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+            logits = (q @ keys.transpose(-1, -2) * scale).masked_fill(~valid, float("-inf"))
+            return torch.softmax(logits, dim=-1) @ values
+
+        out = attend(k, v)
+        if not patch:
+            record[layer] = (k[0, :, 0].clone(), v[0, :, 0].clone())
+        for head in patch.get(layer, ()):
+            k2, v2 = k.clone(), v.clone()
+            k2[:, head, 0], v2[:, head, 0] = record[layer][0][head], record[layer][1][head]
+            out[:, head, 1:] = attend(k2, v2)[:, head, 1:]
+        return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+    return attention
+
+
+def _brute_force_resid(model: PreTrainedModel, ids: torch.Tensor, source: int, heads: str) -> torch.Tensor:
+    """`_resid` of the key-0 patch by brute force: a forward of `source` alone records its k_0, v_0; a second
+    forward of `ids` patches them into `heads`."""
+    record: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    previous = model.config._attn_implementation
+    try:
+        passes = (("kv0_record", {}, torch.tensor([[source]])), ("kv0_patch", parse_heads(heads), ids))
+        for name, patch, inputs in passes:
+            AttentionInterface.register(name, _brute_force_attention(record, patch))
+            model.set_attn_implementation(name)
+            with ResidualCapture(model, positions=range(inputs.shape[1])) as capture, torch.no_grad():
+                model.model(input_ids=inputs, use_cache=False)
+    finally:
+        model.set_attn_implementation(previous)
+    return capture.states()
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_key0_patch_equals_a_brute_force_forward_with_the_source_tokens_key_and_value(family: str) -> None:
+    """--patch-kv0: every resid state equals a float64 brute force in which the named heads' queries i ≥ 1 read
+    key 0's key and value from a second forward of the source token alone (across GQA groups, and, in Gemma,
+    windowed layers where later queries cannot see key 0); position 0 is untouched; the patch ran in each layer
+    it names, once per forward."""
+    model = use_posleak_attention(tiny_model(family))
+    ids, heads = _ids(model), "0.1,1.2,1.3,2.0"
+    base = _resid(model, ids)
+    edits = Interventions(patch_kv0="id:42", kv0_heads=heads).attention_edits(model=model)
+    patched = _resid(model, ids, edits)
+    reference = _brute_force_resid(model, ids, 42, heads)
+    torch.testing.assert_close(patched, reference.to(patched), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(patched[:, :, 0], base[:, :, 0], rtol=0, atol=0)  # position 0 untouched
+    assert not torch.allclose(patched[-1, :, 1:], base[-1, :, 1:])  # later queries read the source's key 0
+    (patch,) = edits.output_edits
+    assert patch.patched == {0: 1, 1: 1, 2: 1}
+
+
+def test_key0_patch_from_the_token_already_there_changes_nothing() -> None:
+    """Patching key 0 with the key and value of the token that stands at position 0 is the identity: the
+    source's one-token forward gives exactly the sequence's own k_0 and v_0 (position 0 is closed)."""
+    model = use_posleak_attention(tiny_model("qwen2"))
+    ids = _ids(model)
+    edits = Interventions(patch_kv0="id:3", kv0_heads="0.0,1.1,2.3").attention_edits(model=model)
+    torch.testing.assert_close(_resid(model, ids, edits), _resid(model, ids), rtol=1e-5, atol=1e-5)
+
+
 # α_0 at T = 32 (tests/tiny.py): 0.995, 0.269 (below ε = 0.3), 0.341 (above), 0.962, 0.999; other heads 0.099.
 SINK_LOGITS = {(0, 0): 8.0, (0, 1): 1.4, (0, 2): 1.8, (1, 3): 6.0, (2, 1): 10.0}
 SINK_HEADS = {0: (0, 2), 1: (3,), 2: (1,)}
@@ -211,6 +290,8 @@ def test_bad_intervention_options_are_one_line_errors() -> None:
         Interventions(window="wide").attention_edits()
     with pytest.raises(PosleakError, match="ablate-sink-values"):
         Interventions(ablate_sink_values="3").attention_edits()
+    with pytest.raises(PosleakError, match="--kv0-heads"):
+        Interventions(patch_kv0="id:1", kv0_heads="1-2").attention_edits(model=tiny_model("llama"))
 
 
 # ------------------------------------------------------------------------------------- effect tables

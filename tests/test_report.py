@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from browser import check_in_chromium, needs_chromium
+from browser import check_in_chromium, needs_chromium, table_layout
 from PIL import Image
 
 from posleak.errors import PosleakError
+from posleak.experiments.paper.c3_units import heads_by_layer
 from posleak.report import (
     FigureBlock,
     Section,
@@ -403,3 +404,23 @@ def test_clear_partial(tmp_path: Path) -> None:
 @needs_chromium
 def test_report_in_headless_chromium(rendered: RunFolder, tmp_path: Path) -> None:
     assert check_in_chromium(rendered.report_path, tmp_path) == 4
+
+
+@needs_chromium
+def test_long_head_lists_wrap_inside_the_page(tmp_path: Path) -> None:
+    """C3's table of ablated heads: 90 heads over 29 layers (smollm2-135m has about that many sink heads) as
+    per-layer lists in a cell marked to wrap stay inside the page, over several lines; the same cell without the
+    mark runs off it (what the report did with one unbroken comma list)."""
+    heads = pd.DataFrame({"layer": np.arange(90) // 3 % 29, "head": np.arange(90) % 9})
+    table = pd.DataFrame(
+        {"unit": ["smollm2-135m (no BOS at 0)"], "run": ["kv0-sinks"], "heads": [heads_by_layer(heads)]}
+    )
+    table["head_count"], table["change_pct"] = 90, -3.21
+    sections = [
+        Section("wrapped", tables=[TableBlock("heads", table, wrap=("heads",))]),
+        Section("unwrapped", tables=[TableBlock("heads", table)]),
+    ]
+    report = render_report(RunFolder(tmp_path / "run"), "t", sections, manifest={})
+    wrapped, unwrapped = table_layout(report, tmp_path)
+    assert wrapped["fits"] and wrapped["lines"][0] > 2, wrapped
+    assert not unwrapped["fits"] and unwrapped["lines"] == [], unwrapped

@@ -123,6 +123,9 @@ def test_ablating_heads_that_do_not_exist_is_refused(tmp_path: Path) -> None:
         (("--patch-pos0", "w5 w6"), "encodes to 2 tokens", True),
         (("--patch-layers", "7", "--patch-pos0", "w5"), "resid indices [7]", True),
         (("--ablate-sink-values", "3.0,0.4"), "3.0, 0.4", True),
+        (("--patch-kv0", "w5 w6"), "--patch-kv0 'w5 w6' encodes to 2 tokens", True),
+        (("--patch-kv0", "w5", "--kv0-heads", "3.0,0.4"), "--kv0-heads '3.0,0.4' names heads", True),
+        (("--patch-kv0", "w5", "--kv0-heads", "a.b"), "bad --kv0-heads 'a.b'", True),
         (("--window", "0"), "--window '0'", True),
     ],
 )
@@ -467,11 +470,13 @@ OPTIONS: dict[str, st.SearchStrategy[object]] = {
     "--patch-layers": _texts("all", "0..3", "1", "4", "2..1", "1,3"),
     "--ablate-sink-values": _texts("auto", "0.1", "2.3", "3.0", "0.4", "99.99", "-1.0", "0.1,2.2", "a.b"),
     "--ablate-mode": st.sampled_from(["zero", "mean", "max"]),
+    "--patch-kv0": _texts("w9", "id:5", "id:96", "w9 w10"),
+    "--kv0-heads": _texts("auto", "0.1", "2.3,1.0", "3.0", "a.b"),
     "--rope-scaling": _texts("ntk:2", "ntk:0", "linear:1.5", "dynamic:2", "yarn:2", "foo:2", "ntk:inf", "ntk:1e300"),
     "--window": _texts("global", "1", "4", "0", "-2", "wide", "99999999999999999999"),
 }
 
-INTERVENTIONS = ["--replace-bos", "--patch-pos0", "--ablate-sink-values", "--rope-scaling", "--window"]
+INTERVENTIONS = ["--replace-bos", "--patch-pos0", "--ablate-sink-values", "--patch-kv0", "--rope-scaling", "--window"]
 
 
 @st.composite

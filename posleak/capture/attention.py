@@ -115,7 +115,7 @@ def posleak_attention(
         sequence_index=session.sequence_index,
         groups=groups,
     )
-    call.output = session.edits.ablate_key0_values(call)
+    call.output = session.edits.edited_output(call)
     session.record(call)
     return call.output.transpose(1, 2).contiguous(), None
 

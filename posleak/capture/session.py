@@ -9,7 +9,7 @@ so nothing of size T×T per head survives the layer.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -83,6 +83,9 @@ class AttentionCall:
         return torch.exp(self.key0_logits() - self.log_z)
 
 
+OutputEdit = Callable[[AttentionCall], torch.Tensor]  # a call → its edited output (B, H, T, Dv)
+
+
 class Accumulator(Protocol):
     """Reduces attention calls to small running sums. `needs_attended_keys` asks the attention
     function to return Σ_j a_ij k_j too (one flash call with [v | k] as values)."""
@@ -99,11 +102,22 @@ class AttentionEdits:
     window: None keeps the model's windows, an int gives every layer that window, "global" removes them.
     ablate_key0: layer → heads whose value vector at key 0, as read by queries i ≥ 1, is replaced
     ("zero" or the "mean" of the other keys' values in that sequence and head).
+    output_edits: further edits of a call's output, applied in order after the ablation (an intervention
+    above this floor supplies them: posleak.intervene.key0).
     """
 
     window: int | Literal["global"] | None = None
     ablate_key0: dict[int, tuple[int, ...]] = field(default_factory=dict)
     ablate_mode: Literal["zero", "mean"] = "zero"
+    output_edits: tuple[OutputEdit, ...] = ()
+
+    def edited_output(self, call: AttentionCall) -> torch.Tensor:
+        """The call's output after every declared edit of it."""
+        output = self.ablate_key0_values(call)
+        for edit in self.output_edits:
+            call.output = output
+            output = edit(call)
+        return output
 
     def mask_for(self, spec: MaskSpec) -> MaskSpec:
         if self.window is None:

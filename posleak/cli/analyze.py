@@ -168,6 +168,10 @@ def add_intervention_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--patch-layers", default=unset, metavar="L..", help="resid indices: all | L | A..B | L,L")
     group.add_argument("--ablate-sink-values", default=unset, metavar="auto|L.H,...")
     group.add_argument("--ablate-mode", choices=["zero", "mean"], default=unset, help="what replaces an ablated value")
+    group.add_argument(
+        "--patch-kv0", default=unset, metavar="SOURCE", help="key 0's key and value in --kv0-heads from this token"
+    )
+    group.add_argument("--kv0-heads", default=unset, metavar="auto|L.H,...", help="the heads --patch-kv0 patches")
     group.add_argument("--rope-scaling", default=unset, metavar="ntk:K|linear:K|dynamic:K|yarn:K")
     group.add_argument("--window", default=unset, metavar="W|global")
 

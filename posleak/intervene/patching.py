@@ -21,19 +21,25 @@ from posleak.errors import PosleakError
 from posleak.validate import natural_number
 
 
-def source_token(tokenizer: PreTrainedTokenizerBase | None, source: str, vocab_size: int | None = None) -> int:
-    """The token a `--patch-pos0` SOURCE names: `id:N` (N < `vocab_size` when given), or TEXT of one token."""
+def source_token(
+    tokenizer: PreTrainedTokenizerBase | None,
+    source: str,
+    vocab_size: int | None = None,
+    option: str = "--patch-pos0",
+) -> int:
+    """The token a SOURCE of `option` (`--patch-pos0`, `--patch-kv0`) names: `id:N` (N < `vocab_size` when
+    given), or TEXT of one token."""
     if source.startswith("id:"):
         number = natural_number(source.removeprefix("id:"))
         if number is None or (vocab_size is not None and number >= vocab_size):
             limit = f" below {vocab_size}" if vocab_size is not None else ""
-            raise PosleakError(f"bad --patch-pos0 {source!r}; id:N takes a token id N ≥ 0{limit}")
+            raise PosleakError(f"bad {option} {source!r}; id:N takes a token id N ≥ 0{limit}")
         return number
     if tokenizer is None:
-        raise PosleakError("--patch-pos0 TEXT needs the model's tokenizer; use id:N")
+        raise PosleakError(f"{option} TEXT needs the model's tokenizer; use id:N")
     ids = tokenizer.encode(source, add_special_tokens=False)
     if len(ids) != 1:
-        raise PosleakError(f"--patch-pos0 {source!r} encodes to {len(ids)} tokens; name one token or use id:N")
+        raise PosleakError(f"{option} {source!r} encodes to {len(ids)} tokens; name one token or use id:N")
     return ids[0]
 
 

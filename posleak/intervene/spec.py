@@ -3,7 +3,8 @@
 Each field is the command-line string of one option; `describe()` is what the manifest records and
 `problems(model, bos_at_0)` what is wrong with them, checked before any forward pass. Where each acts:
 RoPE scaling at load time (`config_overrides`), window and sink-value ablation inside the attention
-function (`attention_edits`), BOS replacement and position-0 patching as forward hooks (`applied`).
+function (`attention_edits`, with the path-specific key-0 patch of posleak.intervene.key0), BOS replacement
+and position-0 patching as forward hooks (`applied`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from posleak.capture.residual import decoder_layers
 from posleak.capture.session import AttentionEdits
 from posleak.errors import PosleakError
 from posleak.intervene.embedding import replaced_position0, replacement_token, replacement_vector
+from posleak.intervene.key0 import key0_patch
 from posleak.intervene.patching import parse_layers, patched_position0, position0_trajectory, source_token
 from posleak.intervene.rope import parse_rope_scaling, scaled_rope_parameters
 from posleak.validate import Problems, natural_number
@@ -34,6 +36,8 @@ class Interventions:
     patch_layers: str = "all"  # resid indices: all | L | A..B | comma list
     ablate_sink_values: str | None = None  # auto | L.H,L.H,...
     ablate_mode: Literal["zero", "mean"] = "zero"
+    patch_kv0: str | None = None  # TEXT (one token) or id:N: the source of key 0's key and value in kv0_heads
+    kv0_heads: str = "auto"  # auto | L.H,L.H,...
     rope_scaling: str | None = None  # ntk:K | linear:K | dynamic:K | yarn:K
     window: str | None = None  # W | global
     seed: int = 0
@@ -50,11 +54,12 @@ class Interventions:
                 parse_window(self.window)
         if self.ablate_mode not in ("zero", "mean"):
             found.add(f"bad --ablate-mode {self.ablate_mode!r}; use zero or mean")
-        with found.collecting():
-            if self.ablate_sink_values not in (None, "auto"):
-                heads = parse_heads(self.ablate_sink_values)
-                if model is not None:
-                    _check_heads(self.ablate_sink_values, heads, model)
+        for option, spec in (("--ablate-sink-values", self.ablate_sink_values), ("--kv0-heads", self._kv0_heads)):
+            with found.collecting():
+                if spec not in (None, "auto"):
+                    heads = parse_heads(spec, option)
+                    if model is not None:
+                        _check_heads(option, spec, heads, model)
         with found.collecting():
             if self.rope_scaling is not None:
                 parse_rope_scaling(self.rope_scaling)
@@ -74,6 +79,9 @@ class Interventions:
                         "--replace-bos replaces the BOS at position 0 and these sequences have none; add --bos on, "
                         "or give --tokens whose first column is the tokenizer's BOS id"
                     )
+        if self.patch_kv0 is not None and model is not None:
+            with found.collecting():
+                source_token(model.tokenizer, self.patch_kv0, model.facts.vocab_size, "--patch-kv0")
         if self.patch_pos0 is not None and model is not None:
             with found.collecting():
                 source_token(model.tokenizer, self.patch_pos0, model.facts.vocab_size)
@@ -92,29 +100,44 @@ class Interventions:
             fields.pop("patch_layers")
         if self.ablate_sink_values is None:
             fields.pop("ablate_mode")
+        if self.patch_kv0 is None:
+            fields.pop("kv0_heads")
         if self.replace_bos != "random":
             fields.pop("seed")
         return fields
 
     @property
+    def _kv0_heads(self) -> str | None:
+        """The heads of the key-0 patch, where there is one."""
+        return self.kv0_heads if self.patch_kv0 is not None else None
+
+    @property
     def needs_sink_heads(self) -> bool:
-        return self.ablate_sink_values == "auto"
+        return "auto" in (self.ablate_sink_values, self._kv0_heads)
 
     def config_overrides(self, config: PretrainedConfig) -> dict[str, Any]:
         if self.rope_scaling is None:
             return {}
         return {"rope_parameters": scaled_rope_parameters(config, self.rope_scaling)}
 
-    def attention_edits(self, sink_heads: dict[int, tuple[int, ...]] | None = None) -> AttentionEdits:
+    def attention_edits(
+        self,
+        sink_heads: dict[int, tuple[int, ...]] | None = None,
+        model: PreTrainedModel | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+    ) -> AttentionEdits:
+        """The edits inside the attention function; a key-0 patch needs the `model` (one forward of its source
+        token) and, for a SOURCE given as text, its `tokenizer`."""
         window = parse_window(self.window) if self.window is not None else None
-        ablate: dict[int, tuple[int, ...]] = {}
-        if self.ablate_sink_values == "auto":
-            if sink_heads is None:
-                raise ValueError("ablate_sink_values=auto needs the sink heads of a baseline pass")
-            ablate = {layer: heads for layer, heads in sink_heads.items() if heads}
-        elif self.ablate_sink_values is not None:
-            ablate = parse_heads(self.ablate_sink_values)
-        return AttentionEdits(window=window, ablate_key0=ablate, ablate_mode=self.ablate_mode)
+        ablate = _heads_of(self.ablate_sink_values, "--ablate-sink-values", sink_heads)
+        edits = AttentionEdits(window=window, ablate_key0=ablate, ablate_mode=self.ablate_mode)
+        if self.patch_kv0 is not None:
+            if model is None:
+                raise ValueError("patch_kv0 needs the model, to compute the source token's key and value")
+            heads = _heads_of(self.kv0_heads, "--kv0-heads", sink_heads)
+            token = source_token(tokenizer, self.patch_kv0, option="--patch-kv0")
+            edits.output_edits = (key0_patch(model, token, heads),)
+        return edits
 
     @contextmanager
     def applied(
@@ -145,7 +168,20 @@ def parse_window(spec: str) -> int | Literal["global"]:
     return width
 
 
-def _check_heads(spec: str, heads: dict[int, tuple[int, ...]], model: LoadedModel) -> None:
+def _heads_of(
+    spec: str | None, option: str, sink_heads: dict[int, tuple[int, ...]] | None
+) -> dict[int, tuple[int, ...]]:
+    """The heads an `auto | L.H,...` option names: `auto` the baseline's sink heads (layers without one dropped)."""
+    if spec is None:
+        return {}
+    if spec != "auto":
+        return parse_heads(spec, option)
+    if sink_heads is None:
+        raise ValueError(f"{option} auto needs the sink heads of a baseline pass")
+    return {layer: heads for layer, heads in sink_heads.items() if heads}
+
+
+def _check_heads(option: str, spec: str, heads: dict[int, tuple[int, ...]], model: LoadedModel) -> None:
     facts = model.facts
     missing = [
         f"{layer}.{head}"
@@ -155,18 +191,18 @@ def _check_heads(spec: str, heads: dict[int, tuple[int, ...]], model: LoadedMode
     ]
     if missing:
         raise PosleakError(
-            f"--ablate-sink-values {spec!r} names heads that {model.name} does not have ({', '.join(missing)}); "
+            f"{option} {spec!r} names heads that {model.name} does not have ({', '.join(missing)}); "
             f"it has layers 0..{facts.layers - 1} with heads 0..{facts.heads - 1} (write layer.head)"
         )
 
 
-def parse_heads(spec: str) -> dict[int, tuple[int, ...]]:
-    """`L.H,L.H,...` → {layer: heads}."""
+def parse_heads(spec: str, option: str = "--ablate-sink-values") -> dict[int, tuple[int, ...]]:
+    """`L.H,L.H,...` → {layer: heads} (`option`: the one that gave it, for the error)."""
     heads: dict[int, list[int]] = {}
     try:
         for part in spec.split(","):
             layer, head = part.split(".")
             heads.setdefault(int(layer), []).append(int(head))
     except ValueError:
-        raise PosleakError(f"bad --ablate-sink-values {spec!r}; use auto or L.H,L.H (layer.head)") from None
+        raise PosleakError(f"bad {option} {spec!r}; use auto or L.H,L.H (layer.head)") from None
     return {layer: tuple(sorted(hs)) for layer, hs in heads.items()}

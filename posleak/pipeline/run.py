@@ -215,7 +215,7 @@ def _capture(
     accumulators = [recorder, *([measurer] if measurer is not None else []), LayerProgress(bar, layers)]
     if measurer is not None:
         measurer.facts, recorder.skip = recorder.facts, frozenset(measurer.saved)
-    session = CaptureSession(accumulators, edits=interventions.attention_edits(sink_heads))
+    session = CaptureSession(accumulators, edits=interventions.attention_edits(sink_heads, model, tokenizer))
     # the bar as a context: closed (its line ended) before an error is printed below it
     with bar, interventions.applied(model, tokenizer, bos_at_0=batch.bos_id is not None):
         for index in todo:

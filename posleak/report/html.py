@@ -47,6 +47,7 @@ class TableBlock:
     max_rows: int | None = 40
     collapsed: bool = False  # fold into <details>, for tables a reader opens on purpose (per head, say)
     source: str = ""  # where the full table lives, e.g. "per_head.parquet"
+    wrap: tuple[str, ...] = ()  # columns whose long cells wrap (lists of heads): others stay on one line
 
 
 @dataclass
@@ -105,6 +106,7 @@ dd { margin: 0; overflow-wrap: anywhere; }
 dd dl { margin: 0 0 .3rem; }
 footer { margin-top: 3rem; padding-top: .8rem; border-top: 1px solid var(--rule); color: var(--muted);
   font-size: .82rem; }
+td.wrap, th.wrap { white-space: normal; min-width: 6rem; max-width: 30rem; }
 """
 
 
@@ -153,7 +155,9 @@ def _figure(item: FigureBlock | Path) -> str:
 def _table(block: TableBlock) -> str:
     df, rows = block.df, len(block.df)
     shown = df if block.max_rows is None or rows <= block.max_rows else df.head(block.max_rows)
-    body = shown.to_html(index=False, border=0, float_format=_float, na_rep="—", escape=True)
+    body = _wrapped(
+        shown.to_html(index=False, border=0, float_format=_float, na_rep="—", escape=True), shown, block.wrap
+    )
     notes = [inline(block.caption)] if block.caption else []
     if len(shown) < rows:
         where = f"in <code>{escape(block.source)}</code>" if block.source else "in the run folder"
@@ -163,6 +167,22 @@ def _table(block: TableBlock) -> str:
     if block.collapsed:
         return f"<details><summary>{escape(block.title)} ({rows} rows)</summary>{table}</details>"
     return f"<h3>{escape(block.title)}</h3>{table}"
+
+
+def _wrapped(body: str, df: pd.DataFrame, columns: tuple[str, ...]) -> str:
+    """The table's cells and headers of `columns` marked `class="wrap"`: the one place a cell may break across
+    lines (cell text is escaped, so every `<td>` or `<th>` opens a cell)."""
+    wrap = {i for i, name in enumerate(df.columns) if name in columns}
+
+    def row(html: str) -> str:
+        for tag in ("td", "th"):
+            first, *cells = html.split(f"<{tag}>")
+            html = first + "".join(
+                (f'<{tag} class="wrap">' if i in wrap else f"<{tag}>") + cell for i, cell in enumerate(cells)
+            )
+        return html
+
+    return "<tr>".join(row(html) for html in body.split("<tr>")) if wrap else body
 
 
 def _badge(verdict: Verdict) -> str:

@@ -1,36 +1,35 @@
 """C3: position 0 is a closed system; later queries read its trajectory through sink-reading heads.
 
-The value at key 0 of every sink head of the standard model is ablated jointly, of as many random non-sink
-heads in each control, and position 0's trajectory is patched from another token: one analysis each, run
-after the shared baselines (their heads come from the baseline's per-head table).
+Judged on every model of C3's roles in each BOS setting its tokenizer allows (the units of c3_units.py), after
+the shared baselines (each unit's heads come from its baseline's per-head table): the path-specific patch of
+the sink heads' position-0 key and value decides each unit, and the units decide the claim (docs/method.md §13).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
 
 from posleak.capture.query_stats import SINK_THRESHOLD
-from posleak.errors import BadInput
-from posleak.experiments.batch import AnalysisJob
-from posleak.experiments.evidence import Estimate, percent_change
+from posleak.experiments.paper.c3_units import (
+    C3_ROLES,
+    DECIDING_ROW,
+    MIN_SINK_LOWERING,
+    PATCH_SOURCE,
+    UnitEvidence,
+    measure_units,
+)
 from posleak.experiments.paper.claim import ClaimModule, quote, rounded
-from posleak.experiments.paper.plan import SAMPLES, SHOWN, Role
-from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
-from posleak.experiments.paper.verdict import Judgement, fact, judge, row
-from posleak.intervene import Interventions
+from posleak.experiments.paper.plan import SHOWN
+from posleak.experiments.paper.reproduction import SampleRuns
+from posleak.experiments.paper.verdict import Judgement, fact, judge
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
-from posleak.report.html import TableBlock
+from posleak.report.html import TableBlock, Verdict
 
-PATCH_SOURCE = "the"  # position 0's trajectory is replaced by this token's (one token in every tokenizer here)
-MIN_SINK_LOWERING = 1.0  # %: the least lowering of the later layers' residual-stream magnitude that counts
 CLOSED_HOLDS, CLOSED_FAILS = 1e-6, 1e-3  # largest relative spread of h_0: the closed system holds, fails
 
 
@@ -41,200 +40,179 @@ def _exponent(value: float) -> str:
 
 C3_CRITERION = (
     f"Position 0 is a closed system in every run (h_0 identical across inputs sharing its token: relative spread "
-    f"≤ {_exponent(CLOSED_HOLDS)}; above {_exponent(CLOSED_FAILS)} it fails), and ablating the "
-    f"value at key 0 of all sink heads (α₀ > {SINK_THRESHOLD}) jointly lowers the mean residual-stream magnitude "
-    f"(all queries) of the layers after the first ablated one by more than {MIN_SINK_LOWERING:g}% (95% interval "
-    f"below −{MIN_SINK_LOWERING:g}%), and by more than each control that ablates as many randomly drawn non-sink "
-    "heads (paired difference, interval below 0). Not consistent if the closed system fails, the interval of the "
-    f"sink ablation lies above −{MIN_SINK_LOWERING:g}%, or a control lowers it more (difference interval above 0). "
-    "Patching the position-0 trajectory from another token is reported beside it, not judged."
+    f"≤ {_exponent(CLOSED_HOLDS)}; above {_exponent(CLOSED_FAILS)} it fails). Per unit (each model of the standard, "
+    "large-base and sliding roles, with its BOS setting and, where the tokenizer allows, the other one): the "
+    f"position-0 key and value of all sink heads (α₀ > {SINK_THRESHOLD}) taken from the trajectory of "
+    f"{PATCH_SOURCE!r} lowers the mean residual-stream magnitude (all queries) of the layers after the first sink "
+    f"head by more than {MIN_SINK_LOWERING:g}% (95% interval below −{MIN_SINK_LOWERING:g}%), and by more than the "
+    "same patch in each control of as many randomly drawn non-sink heads (paired difference, interval below 0); "
+    f"not consistent where the interval lies above −{MIN_SINK_LOWERING:g}% or a control lowers it more. The claim: "
+    "not consistent if the closed system fails; consistent when every unit is; not consistent when more than half "
+    "of the units are not; inconclusive otherwise. The value ablation (zero, mean) with its controls and the patch "
+    "of the whole position-0 trajectory are reported beside it, not judged."
 )
 
 
-def claim_c3(
-    closed: Mapping[str, float],
-    joint: Estimate,
-    controls: Sequence[Estimate],
-    patch: Estimate | None = None,
-) -> Judgement:
-    """`closed`: the largest relative spread of h_0 per run (0 when identical); `joint`, `controls`, `patch`: %
-    change of the later layers' resid_all under the joint sink ablation, each control draw, the patch."""
+def claim_c3(closed: Mapping[str, float], units: Mapping[str, list[dict[str, Any]]]) -> Judgement:
+    """`closed`: the largest relative spread of h_0 per run (0 when identical); `units`: each unit's evidence
+    rows by label (UnitEvidence.rows). The claim's verdict from the units' verdicts (docs/method.md §13)."""
     spread = max(closed.values())
-    rows = [
-        fact(
-            "closed system: largest relative spread of h_0",
-            spread,
-            spread <= CLOSED_HOLDS,
-            spread > CLOSED_FAILS,
-            f"≤ {CLOSED_HOLDS:g}",
-        )
-    ]
-    rows.append(row("joint sink-head ablation: change", joint, -MIN_SINK_LOWERING, "below", "%"))
-    for k, control in enumerate(controls):
-        rows.append(row(f"control draw {k}: change", control, -MIN_SINK_LOWERING, "below", "%", deciding=False))
-        rows.append(row(f"sink ablation − control draw {k}", joint.minus(control), 0.0, "below", "% points"))
-    if patch is not None:
-        rows.append(row("position-0 patch: change", patch, -MIN_SINK_LOWERING, "below", "%", deciding=False))
-        for k, control in enumerate(controls):
-            rows.append(row(f"patch − control draw {k}", patch.minus(control), 0.0, "below", "% points", False))
-    return judge(rows)
-
-
-def sink_heads(per_head: pd.DataFrame) -> pd.DataFrame:
-    """Every sink head (α₀ > ε) outside the model's last layer (a head there has no later layers to change),
-    strongest first."""
-    heads = per_head[(per_head["sink_score"] > SINK_THRESHOLD) & (per_head["layer"] < per_head["layer"].max())]
-    return heads.sort_values("sink_score", ascending=False).reset_index(drop=True)
-
-
-def control_heads(per_head: pd.DataFrame, count: int, draw: int) -> pd.DataFrame:
-    """`count` heads drawn at random (seed `draw`) from the non-sink heads outside the last layer."""
-    pool = per_head[(per_head["sink_score"] <= SINK_THRESHOLD) & (per_head["layer"] < per_head["layer"].max())]
-    order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(draw))[:count]
-    return pool.iloc[order.tolist()].sort_values(["layer", "head"]).reset_index(drop=True)
-
-
-def head_list(heads: pd.DataFrame) -> str:
-    """The `--ablate-sink-values` form of a table of heads: L.H,L.H,..."""
-    return ",".join(f"{layer}.{head}" for layer, head in zip(heads["layer"], heads["head"], strict=True))
-
-
-@dataclass
-class SinkEvidence:
-    """C3 on one sample: the heads ablated, and the % change of the later layers' resid_all under each run."""
-
-    sinks: pd.DataFrame
-    controls: list[pd.DataFrame]
-    joint: Estimate
-    control_changes: list[Estimate]
-    patch: Estimate
-    later: list[int]
-    runs: dict[str, AnalysisResult]  # each ablation or patch run, by its name (ablate-sinks, ...)
-
-    def table(self) -> pd.DataFrame:
-        rows = [("joint sink-head ablation", head_list(self.sinks), self.joint)]
-        rows += [
-            (f"control draw {k}", head_list(c), e)
-            for k, (c, e) in enumerate(zip(self.controls, self.control_changes, strict=True))
-        ]
-        rows.append((f"position-0 patch from {PATCH_SOURCE!r}", "-", self.patch))
-        return pd.DataFrame(
-            [
-                {"run": n, "heads": h, "change_pct": e.value, "lo": e.interval[0], "hi": e.interval[1]}
-                for n, h, e in rows
-            ]
-        )
-
-
-def sink_design(model: str, baseline: AnalysisResult, draws: int) -> tuple[pd.DataFrame, list[pd.DataFrame], list[int]]:
-    """C3's heads on one sample: the sink heads, `draws` sets of as many random non-sink heads, and the layers
-    after the first sink head (where an ablation can change the residual stream)."""
-    sinks = sink_heads(baseline.per_head)
-    if sinks.empty:
-        raise BadInput(
-            [f"{model} has no sink head (α₀ > {SINK_THRESHOLD}) outside its last layer: C3 cannot be tested"]
-        )
-    later = sorted(layer for layer in baseline.per_layer["layer"] if layer > sinks["layer"].min())
-    controls = [control_heads(baseline.per_head, len(sinks), draw) for draw in range(draws)]
-    return sinks, controls, later
-
-
-def sink_jobs(repro: Reproduction, role: Role, baseline: AnalysisResult, sample: str) -> dict[str, AnalysisJob]:
-    """Ablate the value at key 0 of every sink head jointly, of as many random non-sink heads (several draws),
-    and patch position 0's trajectory: one analysis each of the model of `role`, by run name (ablate-sinks,
-    ablate-control0, ...), into OUT/runs/FOLDER-NAME-SAMPLE."""
-    sinks, controls, _ = sink_design(role.model, baseline, repro.plan.control_draws)
-    runs = {"ablate-sinks": Interventions(ablate_sink_values=head_list(sinks))}
-    runs |= {f"ablate-control{k}": Interventions(ablate_sink_values=head_list(c)) for k, c in enumerate(controls)}
-    runs["patch-pos0"] = Interventions(patch_pos0=PATCH_SOURCE)
-    config = repro.config("standard")
-    return {
-        name: repro.job(
-            f"{role.folder}-{name}", role.model, dataclasses.replace(config, interventions=interventions), sample
-        )
-        for name, interventions in runs.items()
-    }
-
-
-def sink_evidence(model: str, baseline: AnalysisResult, runs: dict[str, AnalysisResult], draws: int) -> SinkEvidence:
-    """Each run of `sink_jobs` against the baseline: % change of resid_all on the layers after the first sink."""
-    sinks, controls, later = sink_design(model, baseline, draws)
-
-    def change(name: str) -> Estimate:
-        return percent_change(baseline, runs[name], "resid_all", later)
-
-    return SinkEvidence(
-        sinks=sinks,
-        controls=controls,
-        joint=change("ablate-sinks"),
-        control_changes=[change(f"ablate-control{k}") for k in range(draws)],
-        patch=change("patch-pos0"),
-        later=later,
-        runs=runs,
+    closed_row = fact(
+        "closed system: largest relative spread of h_0",
+        spread,
+        spread <= CLOSED_HOLDS,
+        spread > CLOSED_FAILS,
+        f"≤ {CLOSED_HOLDS:g}",
     )
+    verdicts = unit_verdicts(units)
+    against = sum(v == "not consistent" for v in verdicts.values())
+    verdict: Verdict
+    if closed_row["says"] == "contradicts" or 2 * against > len(verdicts):
+        verdict = "not consistent"
+    elif closed_row["says"] == "supports" and all(v == "consistent" for v in verdicts.values()):
+        verdict = "consistent"
+    else:
+        verdict = "inconclusive"
+    rows = [closed_row, *(r for unit_rows in units.values() for r in unit_rows)]
+    return Judgement(verdict, judge(rows).evidence)
+
+
+def unit_verdicts(units: Mapping[str, list[dict[str, Any]]]) -> dict[str, Verdict]:
+    """Each unit's own verdict: every deciding row of it supports, any contradicts, or neither."""
+    return {label: judge(rows).verdict for label, rows in units.items()}
 
 
 class C3(ClaimModule):
     name = "C3"
     statement = "Position 0 is a closed system; later queries read its trajectory through sink-reading heads."
-    roles = ("standard",)
+    roles = C3_ROLES
     criterion = C3_CRITERION
-
-    @property
-    def method(self) -> str:  # the plan's standard model, so not a class constant
-        return (
-            "h_0^(l) compared across inputs sharing the token at position 0, in every run; the value at key 0 of "
-            f"every sink head of {self.repro.plan.roles['standard'].name} zeroed for queries i ≥ 1 in one run, of as "
-            "many random non-sink heads in each control run, and position 0's trajectory replaced by that of "
-            "another token in a third (docs/method.md §9, §13)."
-        )
+    method = (
+        "h_0^(l) compared across inputs sharing the token at position 0, in every run. Per unit (a model of the "
+        "standard, large-base or sliding role in one BOS setting): the key and value at key 0 that the sink heads "
+        f"show their queries i ≥ 1 replaced by those of {PATCH_SOURCE!r}'s own position-0 trajectory, and the same in "
+        "as many random non-sink heads in each control; in each role's own BOS setting also the value at key 0 of "
+        "the sink heads zeroed and replaced by the mean value, the same zeroing in the controls, and position 0's "
+        "whole trajectory replaced by that of another token (docs/method.md §9, §13)."
+    )
 
     def measure(self, runs: Mapping[str, SampleRuns]) -> None:
-        """The ablations and the patch of both samples, in one wave."""
-        role, draws = self.repro.plan.roles["standard"], self.repro.plan.control_draws
-        jobs = {s: sink_jobs(self.repro, role, runs[s].standard, s) for s in SAMPLES}
-        results = iter(self.repro.run([job for named in jobs.values() for job in named.values()]))
-        self.evidence = {
-            s: sink_evidence(role.model, runs[s].standard, {name: next(results) for name in named}, draws)
-            for s, named in jobs.items()
-        }
+        """Every unit's baselines, patches and ablations, on both samples."""
+        self.evidence = measure_units(self.repro, runs)
 
     def judge(self, runs: SampleRuns, sample: str) -> Judgement:
+        results = [*runs.all(), *(r for u in self.evidence[sample].values() for r in (u.baseline, *u.runs.values()))]
         closed = {
             str(r.run.path if r.run else i): float(r.manifest["closed_system"]["max_rel_spread"])
-            for i, r in enumerate(runs.all())
+            for i, r in enumerate(results)
         }
-        sinks = self.evidence[sample]
-        return claim_c3(closed, sinks.joint, sinks.control_changes, sinks.patch)
+        return claim_c3(closed, {label: u.rows() for label, u in self.evidence[sample].items()})
 
     def numbers(self, sample: str) -> dict[str, Any]:
-        return {"sink_heads": len(self.evidence[sample].sinks), "later_layers": self.evidence[sample].later}
+        """Per unit: its model, BOS setting, verdict, sink heads and later layers."""
+        units = self.evidence[sample]
+        verdicts = unit_verdicts({label: u.rows() for label, u in units.items()})
+        return {
+            "units": {
+                label: {
+                    "role": u.unit.role,
+                    "model": self.repro.plan.roles[u.unit.role].model,
+                    "bos": u.unit.bos,  # its baseline's --bos: auto (the role's shared baseline), on or off
+                    "bos_at_0": u.unit.bos_at_0,
+                    "verdict": verdicts[label],
+                    "sink_heads": len(u.design.sinks),
+                    "later_layers": u.design.later,
+                    "baseline": u.baseline.run.path.name if u.baseline.run else None,  # its folder under runs/
+                    "runs": {name: r.run.path.name if r.run else None for name, r in u.runs.items()},
+                }
+                for label, u in units.items()
+            }
+        }
 
     def tables(self, runs: SampleRuns, sample: str) -> list[TableBlock]:
-        table = self.evidence[sample].table()
+        units = self.evidence[sample]
+        table = pd.concat([u.table() for u in units.values()], ignore_index=True)
         self.repro.out.write_table(f"sink_ablation_{sample}", table)
-        source = f"sink_ablation_{sample}.parquet"
-        return [TableBlock(f"Sink-head ablation and controls (sample {sample})", rounded(table), source=source)]
+        side = side_by_side(units, self.numbers(sample)["units"])
+        self.repro.out.write_table(f"c3_units_{sample}", side)
+        return [
+            TableBlock(
+                f"C3 by model (sample {sample})",
+                side,
+                caption=SIDE_BY_SIDE_CAPTION,
+                source=f"c3_units_{sample}.parquet",
+                wrap=tuple(side.columns),  # nine columns of text: each may break to fit the page
+            ),
+            TableBlock(
+                f"Sink-head ablation and controls (sample {sample})",
+                rounded(table),
+                source=f"sink_ablation_{sample}.parquet",
+                wrap=("heads",),
+            ),
+        ]
 
     def interventions(self, runs: SampleRuns, sample: str) -> dict[str, tuple[AnalysisResult, AnalysisResult]]:
-        return {name: (runs.standard, run) for name, run in self.evidence[sample].runs.items()}
+        return {
+            f"{label}: {name}": (u.baseline, run)
+            for label, u in self.evidence[sample].items()
+            for name, run in u.runs.items()
+        }
 
     def against_paper(self, judgement: Judgement, runs: SampleRuns) -> str:
+        units = self.evidence[SHOWN]
+        changes = "; ".join(
+            f"{label}, {len(u.design.sinks)} sink heads: {quote(judgement, f'{label}: {DECIDING_ROW}')}"
+            for label, u in units.items()
+            if u.runs
+        )
         return (
-            "The paper finds later queries reading position 0 through sink heads; here ablating all "
-            f"{len(self.evidence[SHOWN].sinks)} sink heads changes the later layers' residual-stream magnitude by "
-            f"{quote(judgement, 'joint sink-head ablation: change')}, as many random non-sink heads by "
-            f"{quote(judgement, 'control draw 0: change')}."
+            "The paper finds later queries reading position 0 through sink heads; here the sink heads' position-0 key "
+            f"and value from {PATCH_SOURCE!r} change the later layers' residual-stream magnitude by: {changes}."
         )
 
     def figures(self, runs: SampleRuns) -> list[Path]:
-        shown = self.evidence[SHOWN].runs
-        lines = {"baseline": runs.standard.per_layer} | {
-            name: shown[name].per_layer for name in ("ablate-sinks", "ablate-control0", "patch-pos0")
+        """One figure per unit in its role's own BOS setting: resid_all by layer under each run of sample A."""
+        paths = []
+        for u in self.evidence[SHOWN].values():
+            if not (u.unit.full and u.runs):
+                continue
+            names = ("kv0-sinks", "kv0-control0", "ablate-sinks", "ablate-sinks-mean", "patch-pos0")
+            lines = {"baseline": u.baseline.per_layer} | {n: u.runs[n].per_layer for n in names if n in u.runs}
+            title = f"{u.unit.label}: resid_all under the C3 runs (sample {SHOWN})"
+            path = self.repro.out.figure_path(f"c3_{u.unit.folder}")
+            paths.append(figures.lines_by_run(lines, "resid_all", path, title=title, ylabel="resid_all (nats)"))
+        return paths
+
+
+SIDE_BY_SIDE_CAPTION = (
+    "Each unit's change of the later layers' mean residual-stream magnitude, % (95% interval), under: the K/V patch "
+    f"of the sink heads from {PATCH_SOURCE!r} (deciding) and of control draw 0, the value at key 0 zeroed and replaced "
+    "by the mean value in the sink heads, zeroed in control 0, and h_0 itself patched; - where a unit does not run it."
+)
+
+
+def side_by_side(units: Mapping[str, UnitEvidence], numbers: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per unit: its verdict, sink heads, and each run's change with its interval, as text ("-": not run)."""
+    columns = {
+        "kv0-sinks": "K/V patch, sinks (%)",
+        "kv0-control0": "K/V patch, control 0 (%)",
+        "ablate-sinks": "value zeroed (%)",
+        "ablate-sinks-mean": "value mean (%)",
+        "ablate-control0": "value zeroed, control 0 (%)",
+        "patch-pos0": "h_0 patched (%)",
+    }
+    records = []
+    for label, u in units.items():
+        record: dict[str, Any] = {
+            "unit": label,
+            "verdict": numbers[label]["verdict"],
+            "sink heads": len(u.design.sinks),
         }
-        title = (
-            f"{runs.roles['standard'].name}: resid_all with sink heads, control heads ablated, position 0 patched "
-            f"(sample {SHOWN})"
-        )
-        path = self.repro.out.figure_path("c3_sink_ablation")
-        return [figures.lines_by_run(lines, "resid_all", path, title=title, ylabel="resid_all (nats)")]
+        for name, column in columns.items():
+            if name in u.runs:
+                e = u.change(name)
+                record[column] = f"{e.value:.3g} ({e.interval[0]:.3g} to {e.interval[1]:.3g})"
+            else:
+                record[column] = "-"
+        records.append(record)
+    return pd.DataFrame(records)

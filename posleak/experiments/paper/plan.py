@@ -40,7 +40,7 @@ class Role:
 
 
 ROLES: dict[RoleName, Role] = {
-    # standard RoPE (θ = 1e5); also the model of C3's ablations and the NTK-scaled runs of C4
+    # standard RoPE (θ = 1e5); also the model of the NTK-scaled runs of C4
     "standard": Role("smollm2-135m", "smollm2-135m", "smollm2", "smollm2-135m"),
     # RoPE trained with θ = 1e6
     "large-base": Role("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b", "qwen", "qwen2.5-coder-0.5b"),
@@ -77,7 +77,7 @@ class Plan:
     gemma_num_seqs: int
     qwen_num_seqs: int
     ntk_factors: tuple[float, ...]
-    control_draws: int  # C3: draws of as many random non-sink heads as there are sink heads
+    control_draws: int  # C3: draws of as many random non-sink heads as there are sink heads (per unit)
     fingerprint_seqs: int
     bootstrap: int
     lab_steps: int  # C4's controlled line: training steps of each lab model

@@ -36,8 +36,9 @@ def reproduce(
     """Run every analysis, judge every claim, write `claims.json`, tables and `report.html` into `out`.
 
     `backend`: "local" runs the analyses and lab trials here one after another; "ray" runs each as a Ray task
-    (posleak.experiments.batch), on a local cluster or the one at `address`, in two waves: every analysis that
-    needs nothing else, then C3's ablations (their heads come from the baselines of the first wave)."""
+    (posleak.experiments.batch), on a local cluster or the one at `address`, in waves: every analysis that
+    needs nothing else, then C3's baselines in the other BOS setting, then C3's patches and ablations (their heads
+    come from the baselines)."""
     if problems := reproduction_problems(out, plan, backend):
         raise BadInput(problems)
     repro = Reproduction(Path(out), plan, progress, backend, address)
