@@ -118,7 +118,7 @@ def test_position0_and_sink_ablation_tables(paper: Path) -> None:
         ablation = pd.read_parquet(paper / f"sink_ablation_{sample}.parquet")
         assert list(ablation.columns) == ["unit", "run", "head_count", "heads", "change_pct", "lo", "hi"]
         units = _c3_units(paper, sample)
-        assert len(units) == 6  # each model with and without a BOS at position 0 (every tokenizer here has one)
+        assert len(units) == 3  # each model in its own BOS setting (--quick; the full plan adds the other)
         for label, unit in units.items():
             runs = ablation[ablation["unit"] == label].set_index("run")
             full = unit["bos"] == "auto"  # the role's own BOS setting: every run
@@ -186,8 +186,8 @@ def test_every_run_folder_is_complete(paper: Path) -> None:
     folders = sorted((paper / "runs").iterdir())
     # per sample: smollm2, 2 NTK factors, qwen, gemma, Gemma with BOS and 3 replacements (9); the shuffle and shift
     # nulls of smollm2, qwen and gemma (6); C3: each model in its own BOS setting, 7 runs (K/V patch of the sinks and
-    # 2 controls, value zeroed and mean, 1 control, h_0 patched), and in the other, a baseline and 3 runs (K/V patches)
-    assert len(folders) == 2 * (9 + 6 + 3 * 7 + 3 * 4)
+    # 2 controls, value zeroed and mean, 1 control, h_0 patched); --quick leaves out the other BOS setting
+    assert len(folders) == 2 * (9 + 6 + 3 * 7)
     assert set(manifest["runs"].values()) <= {str(folder) for folder in folders}
     for folder in folders:
         assert json.loads((folder / "manifest.json").read_text())["status"] == "complete", folder

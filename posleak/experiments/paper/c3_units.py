@@ -51,13 +51,14 @@ class Unit:
 
 def c3_units(repro: Reproduction, runs: SampleRuns) -> list[Unit]:
     """Each C3 role's model in its shared baseline's BOS setting, then in the other where its tokenizer allows
-    (off where a BOS stands at position 0; on where the tokenizer has a BOS token it does not prepend)."""
+    (off where a BOS stands at position 0; on where the tokenizer has a BOS token it does not prepend) when the
+    plan asks for both settings."""
     units = []
     for role in C3_ROLES:
         spec = repro.plan.roles[role]
         at_0 = runs.by_role()[role].manifest["data"]["bos_id"] is not None
         units.append(Unit(role, "auto", at_0, _label(spec.name, at_0), spec.folder))
-        if at_0 or read_facts(spec.model).has_bos:
+        if repro.plan.c3_both_bos and (at_0 or read_facts(spec.model).has_bos):
             other: Literal["on", "off"] = "off" if at_0 else "on"
             units.append(Unit(role, other, not at_0, _label(spec.name, not at_0), f"{spec.folder}-bos{other}"))
     return units

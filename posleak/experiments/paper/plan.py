@@ -78,6 +78,7 @@ class Plan:
     qwen_num_seqs: int
     ntk_factors: tuple[float, ...]
     control_draws: int  # C3: draws of as many random non-sink heads as there are sink heads (per unit)
+    c3_both_bos: bool  # C3 also in each model's other BOS setting (--quick: its own only, for time)
     fingerprint_seqs: int
     bootstrap: int
     lab_steps: int  # C4's controlled line: training steps of each lab model
@@ -113,6 +114,7 @@ QUICK = Plan(
     qwen_num_seqs=4,
     ntk_factors=(4.0, 16.0),
     control_draws=2,
+    c3_both_bos=False,
     fingerprint_seqs=8,
     bootstrap=200,
     lab_steps=300,
@@ -130,6 +132,7 @@ FULL = Plan(
     qwen_num_seqs=6,
     ntk_factors=(2.0, 4.0, 16.0),
     control_draws=3,
+    c3_both_bos=True,
     fingerprint_seqs=24,
     bootstrap=500,
     lab_steps=600,
