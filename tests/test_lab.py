@@ -307,6 +307,43 @@ def test_sink_logit_enters_log_z() -> None:
     assert bool((call.log_z > call.log_z_keys).all())
 
 
+def test_lab_models_start_from_torchs_initialisation_and_older_ones_load_as_saved(tmp_path: Path) -> None:
+    """A new lab model: an output layer of its own, embeddings N(0, 1), every linear weight U(±1/√fan_in), a
+    sinusoidal term of per-dimension rms 1 (the token embeddings'). A model saved under the old scheme
+    (transformers' N(0, 0.02), tied embeddings) loads with its output layer tied and its sinusoidal term at
+    0.02·√2, and gives the logits it gave when saved."""
+    model = build_lab_model(_config("sinusoidal"), seed=0)
+    embedding = model.model.embed_tokens.weight.detach()
+    assert model.lm_head.weight.data_ptr() != embedding.data_ptr()
+    assert abs(float(embedding.std()) - 1.0) < 0.03 and abs(float(embedding.mean())) < 0.03
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 4 * 2 + 1  # qkv, o, up and down in each of the 2 blocks, and the output layer
+    for linear in linears:
+        bound = 1.0 / math.sqrt(linear.in_features)
+        weight = linear.weight.detach()
+        assert float(weight.abs().max()) <= bound
+        assert float(weight.std()) == pytest.approx(bound / math.sqrt(3.0), rel=0.05)
+    positions = torch.arange(T)[None]
+    with torch.no_grad():
+        term = model.model._absolute_positions(positions, torch.float32)
+    assert float(term.pow(2).mean().sqrt()) == pytest.approx(1.0, rel=0.02)
+
+    old_config = _config("sinusoidal")
+    old_config.initializer_range, old_config.tie_word_embeddings = 0.02, True
+    old = build_lab_model(old_config, seed=0).eval()
+    assert old.lm_head.weight.data_ptr() == old.model.embed_tokens.weight.data_ptr()
+    assert float(old.model.embed_tokens.weight.detach().std()) == pytest.approx(0.02, rel=0.05)
+    ids = _ids()
+    with torch.no_grad():
+        before = old(input_ids=ids).logits
+    old.save_pretrained(tmp_path)
+    loaded = load_lab_model(str(tmp_path))
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+    torch.testing.assert_close(loaded.model._absolute_positions(positions, torch.float32), term * 0.02)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, before, rtol=0, atol=0)
+
+
 # ------------------------------------------------------------------------------------------ probe
 
 

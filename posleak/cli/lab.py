@@ -52,7 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--target",
         type=float,
         help="stop a trial once its validation exact match reaches this share (default 0.99; --steps is the cap, "
-        "default 1000)",
+        "default 2000)",
     )
     tasks.add_argument(
         "--patience",

@@ -16,9 +16,9 @@ A lab model varies one factor at a time (docs/method.md §10):
 - `bos`: whether position 0 of every training and evaluation row is the BOS token (a data-side policy,
   recorded here so that whoever analyses the model uses the policy it was trained under).
 
-Embeddings are tied (the output layer reuses the token embedding): for the small vocabularies and
-widths of the lab it saves a third of the parameters of the tiny preset and changes nothing about
-where position enters.
+The output layer has weights of its own (untied from the token embedding), and the layers keep torch's
+initialisation: with tied embeddings and transformers' N(0, 0.02) the tiny decoder did not learn the recall
+task (posleak.models.lab.hf_config.LabConfig says what was measured). Neither changes where position enters.
 """
 
 from __future__ import annotations

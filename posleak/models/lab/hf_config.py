@@ -26,7 +26,16 @@ from posleak.models.lab.config import (
 
 
 class LabConfig(PretrainedConfig):
-    """A posleak lab decoder: pre-norm blocks (RMSNorm → attention, RMSNorm → GELU MLP), tied embeddings."""
+    """A posleak lab decoder: pre-norm blocks (RMSNorm → attention, RMSNorm → GELU MLP), an untied output layer.
+
+    Initialisation: `initializer_range` None (the default) keeps torch's own initialisation of the linear layers
+    (U(±1/√fan_in)) and embeddings (N(0, 1)), with an output layer of its own. A number is transformers' N(0, σ)
+    everywhere (the lab's scheme before 2026-12-02, with tied embeddings; models saved then carry 0.02 and load
+    as they were). Why the change: at the lab's widths (64–256) σ = 0.02 is 3–6 times below 1/√fan_in, and with
+    it, or with tied embeddings, the tiny decoder never left the plateau of the recall task (answer loss at the
+    log of the values in the row: it attends to every value alike) within 3000 steps; with both changed it learns
+    recall within 600 steps (docs/method.md §12).
+    """
 
     model_type = "posleak_lab"
 
@@ -46,9 +55,9 @@ class LabConfig(PretrainedConfig):
     bos: bool = True
     size: str | None = None
     rms_norm_eps: float = 1e-6
-    initializer_range: float = 0.02
+    initializer_range: float | None = None  # None: torch's initialisation (docstring)
     sigmoid_bias_init: float = SIGMOID_BIAS_INIT
-    tie_word_embeddings: bool = True
+    tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None

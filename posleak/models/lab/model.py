@@ -75,12 +75,25 @@ class LabPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
 
     def _init_weights(self, module: nn.Module) -> None:
-        super()._init_weights(module)
+        if self.config.initializer_range is None and isinstance(module, nn.Linear | nn.Embedding):
+            _torch_default_init(module)
+        else:
+            super()._init_weights(module)
         if isinstance(module, LabAttention):
             if module.sink is not None:
                 init.zeros_(module.sink)
             if module.logit_bias is not None:
                 init.constant_(module.logit_bias, self.config.sigmoid_bias_init)
+
+
+def _torch_default_init(module: nn.Linear | nn.Embedding) -> None:
+    """torch's own initialisation of the module (hf_config.LabConfig says why the lab uses it): a linear layer's
+    weight U(±1/√fan_in), an embedding N(0, 1). Through transformers' `init`, which leaves loaded weights alone."""
+    if isinstance(module, nn.Embedding):
+        init.normal_(module.weight, mean=0.0, std=1.0)
+        return
+    bound = 1.0 / math.sqrt(module.in_features)  # the lab's linear layers have no bias
+    init.uniform_(module.weight, -bound, bound)
 
 
 class LabModel(LabPreTrainedModel):
@@ -144,15 +157,17 @@ class LabModel(LabPreTrainedModel):
                 )
             return self.embed_positions(position_ids)
         if self.config.pe == "sinusoidal":
-            # Scaled so that each dimension's rms equals the token embeddings' at initialisation:
-            # unscaled (rms 1/√2) it would drown the 0.02-sized token vectors under the first RMSNorm.
-            scale = self.config.initializer_range * math.sqrt(2.0)
+            # Scaled so that each dimension's rms equals the token embeddings' at initialisation (1 under torch's
+            # initialisation; initializer_range for a model made before it): unscaled (rms 1/√2) it would drown
+            # 0.02-sized token vectors under the first RMSNorm.
+            scale = (self.config.initializer_range or 1.0) * math.sqrt(2.0)
             return scale * sinusoidal_embedding(position_ids, self.config.hidden_size, dtype)
         return 0.0
 
 
 class LabForCausalLM(LabPreTrainedModel):
-    """The lab decoder with its (tied) output layer. Loads with `AutoModelForCausalLM.from_pretrained`."""
+    """The lab decoder with its output layer (untied unless an older config ties it: hf_config.LabConfig).
+    Loads with `AutoModelForCausalLM.from_pretrained`."""
 
     _tied_weights_keys: ClassVar[dict[str, str]] = {"lm_head.weight": "model.embed_tokens.weight"}
 
