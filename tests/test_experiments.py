@@ -122,7 +122,7 @@ def test_position0_and_sink_ablation_tables(paper: Path) -> None:
         for label, unit in units.items():
             runs = ablation[ablation["unit"] == label].set_index("run")
             full = unit["bos"] == "auto"  # the role's own BOS setting: every run
-            expected = ["kv0-sinks", "kv0-control0", "kv0-control1"]
+            expected = ["kv0-sinks", *(f"kv0-control{k}" for k in range(QUICK.control_draws))]
             expected += ["ablate-sinks", "ablate-sinks-mean", "ablate-control0", "patch-pos0"] if full else []
             assert list(runs.index) == expected == list(unit["runs"])
             per_head = pd.read_parquet(paper / "runs" / unit["baseline"] / "per_head.parquet")
@@ -135,7 +135,7 @@ def test_position0_and_sink_ablation_tables(paper: Path) -> None:
                 if score > 0.3
             }
             pool = int((before_last["sink_score"] <= 0.3).sum())  # as many controls as sinks, or all non-sink heads
-            for run in ("kv0-control0", "kv0-control1"):
+            for run in expected[1 : 1 + QUICK.control_draws]:
                 control = _heads(runs.loc[run, "heads"])
                 assert len(control) == min(len(sinks), pool) and not control & sinks
 
@@ -185,9 +185,9 @@ def test_every_run_folder_is_complete(paper: Path) -> None:
     manifest = json.loads((paper / "manifest.json").read_text())
     folders = sorted((paper / "runs").iterdir())
     # per sample: smollm2, 2 NTK factors, qwen, gemma, Gemma with BOS and 3 replacements (9); the shuffle and shift
-    # nulls of smollm2, qwen and gemma (6); C3: each model in its own BOS setting, 7 runs (K/V patch of the sinks and
-    # 2 controls, value zeroed and mean, 1 control, h_0 patched); --quick leaves out the other BOS setting
-    assert len(folders) == 2 * (9 + 6 + 3 * 7)
+    # nulls of smollm2, qwen and gemma (6); C3: each model in its own BOS setting, 6 runs (K/V patch of the sinks and
+    # of 1 control, value zeroed and mean, 1 control, h_0 patched); --quick leaves out the other BOS setting
+    assert QUICK.control_draws == 1 and len(folders) == 2 * (9 + 6 + 3 * 6)
     assert set(manifest["runs"].values()) <= {str(folder) for folder in folders}
     for folder in folders:
         assert json.loads((folder / "manifest.json").read_text())["status"] == "complete", folder
