@@ -7,6 +7,7 @@ controlled lab line, an 8-layer lab decoder trained three ways (its slopes, and 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,7 +134,9 @@ def lab_runs(repro: Reproduction) -> LabRuns:
         for seed in plan.lab_seeds
     ]
     root = repro.out.path / "lab"
-    run_trials(trials, root, backend=repro.backend, address=repro.address, progress=repro.progress)
+    # as `posleak lab` does: trials side by side, one torch thread each (the same weights as one after another)
+    jobs = os.cpu_count() or 1
+    run_trials(trials, root, backend=repro.backend, address=repro.address, progress=repro.progress, jobs=jobs)
     runs: dict[str, list[AnalysisResult]] = {variant: [] for variant in specs}
     for trial in trials:
         runs[trial.name].append(AnalysisResult.read(RunFolder(trial_folder(root, trial) / "analysis")))

@@ -35,7 +35,8 @@ def reproduce(
 ) -> list[Claim]:
     """Run every analysis, judge every claim, write `claims.json`, tables and `report.html` into `out`.
 
-    `backend`: "local" runs the analyses and lab trials here one after another; "ray" runs each as a Ray task
+    `backend`: "local" runs the analyses here one after another and the lab trials side by side, one process per
+    core; "ray" runs each as a Ray task
     (posleak.experiments.batch), on a local cluster or the one at `address`, in waves: every analysis that
     needs nothing else, then C3's baselines in the other BOS setting, then C3's patches and ablations (their heads
     come from the baselines)."""
