@@ -50,12 +50,10 @@ def _brute_force(task: str, words: list[str]) -> dict[int, str]:
         pairs = dict(zip(words[1:q:2], words[2:q:2], strict=True))
         assert q == 2 * m + 1 and len(pairs) == m  # m pairs with distinct keys
         assert all(int(k[1:]) < 64 <= int(v[1:]) < 128 for k, v in pairs.items())  # keys s0–s63, values s64–s127
-        answers = {}
-        for i in range(q + 1, q + 1 + 2 * m, 2):
-            answers[i + 1] = pairs[words[i]]
-        assert sorted(words[i] for i in range(q + 1, q + 1 + 2 * m, 2)) == sorted(pairs)  # each key asked once
+        asked = range(q + 1, q + 1 + 2 * m, 2)  # the positions of the queried keys
+        assert sorted(words[i] for i in asked) == sorted(pairs)  # each key asked once
         assert all(w == "<eos>" for w in words[q + 1 + 2 * m :])
-        return answers
+        return {i + 1: pairs[words[i]] for i in asked}
     if task == "reverse":
         r = words.index("<r>")
         content = words[1:r]

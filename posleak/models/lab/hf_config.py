@@ -33,8 +33,8 @@ class LabConfig(PretrainedConfig):
     everywhere (the lab's scheme before 2026-12-02, with tied embeddings; models saved then carry 0.02 and load
     as they were). Why the change: at the lab's widths (64–256) σ = 0.02 is 3–6 times below 1/√fan_in, and with
     it, or with tied embeddings, the tiny decoder never left the plateau of the recall task (answer loss at the
-    log of the values in the row: it attends to every value alike) within 3000 steps; with both changed it learns
-    recall within 600 steps (docs/method.md §12).
+    log of the values in the row: it attends to every value alike) within 3000 steps; with both changed a
+    learned-position model learns recall in 700–950 steps (docs/method.md §12).
     """
 
     model_type = "posleak_lab"

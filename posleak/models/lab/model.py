@@ -157,9 +157,8 @@ class LabModel(LabPreTrainedModel):
                 )
             return self.embed_positions(position_ids)
         if self.config.pe == "sinusoidal":
-            # Scaled so that each dimension's rms equals the token embeddings' at initialisation (1 under torch's
-            # initialisation; initializer_range for a model made before it): unscaled (rms 1/√2) it would drown
-            # 0.02-sized token vectors under the first RMSNorm.
+            # Scaled so that each dimension's rms equals the token embeddings' at initialisation (unscaled it is
+            # 1/√2): 1 under torch's initialisation, initializer_range for a model made before it (0.02).
             scale = (self.config.initializer_range or 1.0) * math.sqrt(2.0)
             return scale * sinusoidal_embedding(position_ids, self.config.hidden_size, dtype)
         return 0.0
