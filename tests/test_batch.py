@@ -4,6 +4,7 @@ one comparison."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -15,7 +16,8 @@ from tiny import tiny_checkpoint, word_corpus
 
 from posleak.commands.analyze import analyze
 from posleak.errors import PosleakError
-from posleak.experiments.batch import BatchSpec, run_batch
+from posleak.experiments import batch
+from posleak.experiments.batch import AnalysisJob, BatchSpec, run_analyses, run_batch
 from posleak.intervene import Interventions
 from posleak.pipeline import AnalyzeConfig
 from posleak.store import RunFolder
@@ -83,6 +85,43 @@ def test_batch_runs_every_model_and_setting_as_analyze_would_and_compares_them(
     again = run_main("batch", str(spec_file), "--out", str(out))
     assert again.returncode == 0, again.stderr
     assert file_stamps(out / "runs") == finished
+
+
+def test_local_analyses_load_each_model_once_and_come_back_in_the_order_asked(
+    tmp_path: Path, model_and_corpus: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Jobs that alternate between two checkpoints and a RoPE scaling, as a paper's come by sample and claim: run
+    here with a cache of two models, each model is loaded once (one after another they took five loads), and
+    every result is its own job's, in the order the jobs were given."""
+    folder, corpus = model_and_corpus
+    other = tiny_checkpoint(tmp_path / "other")
+    loads: list[tuple[str, str | None]] = []
+
+    def counted(spec: str, interventions: Interventions, **kwargs: object) -> object:
+        loads.append((spec, interventions.rope_scaling))
+        return real_load(spec, interventions, **kwargs)
+
+    real_load = batch.load_for
+    monkeypatch.setattr(batch, "load_for", counted)
+    base = AnalyzeConfig(seq_len=48, num_seqs=4, batch_size=2, corpus=str(corpus), bootstrap=20)
+    asked = [
+        (folder, base),
+        (other, base),
+        (folder, dataclasses.replace(base, interventions=Interventions(rope_scaling="ntk:4"))),
+        (other, dataclasses.replace(base, seed=1)),
+        (folder, dataclasses.replace(base, seed=1)),
+    ]
+    jobs = [AnalysisJob(f"job{k}", str(model), config, tmp_path / f"job{k}") for k, (model, config) in enumerate(asked)]
+    results = run_analyses(jobs, progress=False)
+    assert loads == [(str(folder), None), (str(folder), "ntk:4"), (str(other), None)]
+    assert [result.run.path for result in results] == [job.out for job in jobs]
+    for result, (model, config) in zip(results, asked, strict=True):
+        args = result.run.read_manifest()["args"]
+        assert args["model"] == str(model)
+        assert (args["config"]["seed"], args["config"]["interventions"]["rope_scaling"]) == (
+            config.seed,
+            config.interventions.rope_scaling,
+        )
 
 
 @pytest.mark.parametrize(

@@ -201,7 +201,13 @@ def offset_map_figure(
     layers = sorted(offset_map["layer"].unique())
     ncols = min(ncols, len(layers))
     nrows = math.ceil(len(layers) / ncols)
-    fig = Figure(figsize=(2.3 * ncols + 1.2, 2.1 * nrows + 0.8), layout="constrained")
+    width, height = 2.3 * ncols + 1.6, 2.1 * nrows + 0.9
+    fig = Figure(figsize=(width, height))
+    # Margins fixed in inches, not a constrained layout: every panel has the same labels, and laying out one
+    # to two dozen shared symlog axes took more than half of drawing the figure (2.8 of 4.4 s for 30 layers)
+    fig.subplots_adjust(
+        left=0.6 / width, right=1 - 1.3 / width, bottom=0.5 / height, top=1 - 0.6 / height, wspace=0.12, hspace=0.3
+    )
     axes = fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False).ravel()
     norm = _symmetric_norm(offset_map["value"])
     mesh = None
@@ -215,8 +221,9 @@ def offset_map_figure(
         ax.set_xlabel("offset d", fontsize=8)
     for ax in axes[::ncols]:
         ax.set_ylabel("query i", fontsize=8)
-    fig.colorbar(mesh, ax=axes.tolist(), extend="both", shrink=0.8, label="logit minus relative part (nats)")
-    fig.suptitle(title)
+    bar = fig.add_axes((1 - 1.05 / width, 0.15, 0.18 / width, 0.7))
+    fig.colorbar(mesh, cax=bar, extend="both", label="logit minus relative part (nats)")
+    fig.suptitle(title, y=1 - 0.15 / height, va="top")
     return _save(fig, path)
 
 
