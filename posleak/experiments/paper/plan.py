@@ -68,7 +68,7 @@ def role_for(role: RoleName, model: str) -> Role:
 @dataclass(frozen=True)
 class Plan:
     """Sizes of one reproduction, per sample (two disjoint samples), and the model of each role (`roles`, with
-    per-role T and N in `sizes` where a plan file gives them); `--quick` fits in 15 minutes on 2 cores."""
+    per-role T and N in `sizes` where a plan file gives them); `--quick` takes about 15 minutes on 2 cores."""
 
     name: str
     seq_len: int
