@@ -185,8 +185,9 @@ def run_analyses(
 def by_model(jobs: Sequence[AnalysisJob]) -> list[int]:
     """The jobs' indices with each model's together, a stable sort: by the model (spec and placement), then by
     what `ModelCache` loads (with its RoPE scaling), each in order of first appearance. A job also needs its
-    model unscaled for its sequences, so a cache of two loads each once; a paper's jobs come by sample and claim
-    and went back to models evicted since (16 loads instead of 5 in `paper --quick`'s shared analyses)."""
+    model unscaled for its sequences, so a cache of two loads each once. A paper's jobs come by sample and claim:
+    in that order they went back to models the cache had evicted (16 loads instead of 5 in `paper --quick`'s
+    shared analyses)."""
     loads = [(job.model, job.config.placement, job.config.interventions.rope_scaling) for job in jobs]
     models, kinds = list(dict.fromkeys(load[:2] for load in loads)), list(dict.fromkeys(loads))
 
