@@ -77,7 +77,7 @@ class ModelCache:
         self._models: dict[tuple[str, str | None, Placement], LoadedModel] = {}
 
     def get(self, spec: str, interventions: Interventions, placement: Placement) -> LoadedModel:
-        key = (spec, interventions.rope_scaling, placement)  # the only intervention that changes what is loaded
+        key = load_key(spec, interventions, placement)
         loaded = self._models.pop(key, None)
         if loaded is None:
             if len(self._models) >= self.size:
@@ -85,6 +85,12 @@ class ModelCache:
             loaded = load_for(spec, interventions, placement=placement)
         self._models[key] = loaded  # last: the most recently used
         return loaded
+
+
+def load_key(spec: str, interventions: Interventions, placement: Placement) -> tuple[str, str | None, Placement]:
+    """What tells one loaded model from another: the spec, the RoPE scaling (the only intervention that changes
+    what is loaded) and the placement."""
+    return spec, interventions.rope_scaling, placement
 
 
 @dataclass(frozen=True)
@@ -188,13 +194,10 @@ def by_model(jobs: Sequence[AnalysisJob]) -> list[int]:
     model unscaled for its sequences, so a cache of two loads each once. A paper's jobs come by sample and claim:
     in that order they went back to models the cache had evicted (16 loads instead of 5 in `paper --quick`'s
     shared analyses)."""
-    loads = [(job.model, job.config.placement, job.config.interventions.rope_scaling) for job in jobs]
-    models, kinds = list(dict.fromkeys(load[:2] for load in loads)), list(dict.fromkeys(loads))
-
-    def key(index: int) -> tuple[int, int]:
-        return models.index(loads[index][:2]), kinds.index(loads[index])
-
-    return sorted(range(len(jobs)), key=key)
+    loads = [load_key(job.model, job.config.interventions, job.config.placement) for job in jobs]
+    models = {model: k for k, model in enumerate(dict.fromkeys(load[::2] for load in loads))}  # spec, placement
+    kinds = {load: k for k, load in enumerate(dict.fromkeys(loads))}
+    return sorted(range(len(jobs)), key=lambda i: (models[loads[i][::2]], kinds[loads[i]]))
 
 
 # ----------------------------------------------------------------------------------------------- batch files
