@@ -27,9 +27,13 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 RANGES = ("early", "all", "beyond")
 MAGNITUDES = (
     *(f"mask_{name}" for name in RANGES),
+    *(f"mask_count_{name}" for name in RANGES),
     *(f"resid_{name}" for name in RANGES),
     *(f"resid_{name}_raw" for name in RANGES),
+    *(f"mask_{name}_raw" for name in RANGES),
 )
+SHIFTS = tuple(f"shift_{kind}_{name}{raw}" for kind in ("kl", "tv") for name in RANGES for raw in ("", "_raw"))
+SHIFT_QUERIES = 64  # the documented default: at most 64 evenly spaced queries per range
 
 
 # ------------------------------------------------------------------------------------------ recording
@@ -159,12 +163,14 @@ def by_offset(values: np.ndarray) -> np.ndarray:
 
 @dataclass
 class LayerReference:
-    """One layer by the definitions: g (H, T) per offset, m (H, T) per query, per-pair r (H, T, T) indexed
-    (i, d), the magnitudes (H,) of each range, ΔR² (H, 2) and the sink score α₀ (H,)."""
+    """One layer by the definitions: g (H, T) per offset, the row term c and the count term m_count (H, T) per
+    query, per-pair w (H, T, T) indexed (i, d), the magnitudes and shifts (H,) of each range, ΔR² (H, 2) and the
+    sink score α₀ (H,)."""
 
     g: np.ndarray
-    m: np.ndarray
-    r: np.ndarray
+    c: np.ndarray
+    m_count: np.ndarray
+    w: np.ndarray
     mean_s: np.ndarray  # (H, T, T): mean over sequences of s_{i,i−d}
     mean_logattn: np.ndarray  # (H, T, T): mean over sequences of ℓ_{i,i−d}
     magnitudes: dict[str, np.ndarray]
@@ -185,15 +191,55 @@ def model_window(recorder: LogitRecorder) -> int | None:
     return min((layer.window for layer in recorder.layers.values() if layer.window), default=None)
 
 
+def sampled_queries(lo: int, hi: int, sampled: int = SHIFT_QUERIES) -> list[int]:
+    """The documented rule: every query of lo ≤ i < hi when there are at most S, else lo + ⌊k(hi − lo)/S⌋."""
+    count = hi - lo
+    return list(range(lo, hi)) if count <= sampled else [lo + k * count // sampled for k in range(sampled)]
+
+
+def _softmax(row: np.ndarray) -> np.ndarray:
+    top = row.max(axis=-1, keepdims=True)
+    weights = np.exp(row - top)
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
+def _shift(
+    s: np.ndarray, g: np.ndarray, valid: np.ndarray, halves: tuple[list, list], rows: list[int]
+) -> dict[str, np.ndarray]:
+    """The attention shift of docs/method.md §7 over `rows`, each (H,): for each query, with p the softmax over the
+    valid keys of the mean logits (of all sequences, of each half) and q that of g, the symmetrised KL
+    ½ Σ (p − q)(log p − log q) and the TV ½ Σ |p − q| of all sequences (raw), and across the halves
+    ½ Σ (p_A − q)(log p_B − log q) (and B against A, averaged) and ¼ Σ [(p_A − q) sign(p_B − q) + (B, A)]."""
+    num_seqs = s.shape[0]
+    per_row = []
+    for i in rows:
+        keys = valid[i]
+        q = _softmax(g[:, keys])
+        groups = (list(range(num_seqs)), *halves)
+        ps = [_softmax(s[group][:, :, i, keys].mean(axis=0)) if group else None for group in groups]
+        nan = np.full(q.shape[0], np.nan)
+        stats = [0.5 * ((ps[0] - q) * np.log(ps[0] / q)).sum(axis=1), nan, nan, 0.5 * np.abs(ps[0] - q).sum(1), nan]
+        if ps[1] is not None and ps[2] is not None:
+            da, db = ps[1] - q, ps[2] - q
+            stats[1] = 0.5 * (da * np.log(ps[2] / q)).sum(axis=1)
+            stats[2] = 0.5 * (db * np.log(ps[1] / q)).sum(axis=1)
+            stats[4] = 0.25 * (da * np.sign(db) + db * np.sign(da)).sum(axis=1)
+        per_row.append(stats)
+    kl_all, kl_ab, kl_ba, tv_all, tv_halves = np.mean(per_row, axis=0)
+    return {"kl": (kl_ab + kl_ba) / 2, "kl_raw": kl_all, "tv": tv_halves, "tv_raw": tv_all}
+
+
 def reference_layer(
     layer: RecordedLayer,
     early: int,
     sequences: Sequence[int] | None = None,
     halves: tuple[list, list] | None = None,
     beyond: int | None = None,
+    shift: bool = False,
 ) -> LayerReference:
     """The definitions on the recorded sequences `sequences` (indices, repeats allowed; default all in
-    order); halves A and B default to the first ⌊N/2⌋ and the next ⌊N/2⌋ of them."""
+    order); halves A and B default to the first ⌊N/2⌋ and the next ⌊N/2⌋ of them. The attention shift (NaN
+    unless `shift`) forms every sampled row's softmax."""
     all_logits, all_log_z = layer.materialised()
     order = list(range(all_logits.shape[0])) if sequences is None else list(sequences)
     logits, log_z = all_logits[order], all_log_z[order]
@@ -207,23 +253,28 @@ def reference_layer(
         warnings.simplefilter("ignore", RuntimeWarning)
         g = np.nanmean(s, axis=(0, 2))  # (H, d)
         mean_s = np.nanmean(s, axis=0)
-    m = np.zeros((heads, seq_len))
+    m_count = np.zeros((heads, seq_len))
     if not layer.sigmoid:
         for i in range(seq_len):
             terms = g[:, valid[i]]
             if layer.sink is not None:
                 terms = np.concatenate([terms, layer.sink[:, None]], axis=1)
             top = terms.max(axis=1)
-            m[:, i] = -(top + np.log(np.exp(terms - top[:, None]).sum(axis=1)))
+            m_count[:, i] = -(top + np.log(np.exp(terms - top[:, None]).sum(axis=1)))
 
-    def residual(rows: list[int]) -> np.ndarray:  # r(i, d) = mean over rows of (s − g(d)) − (log Z_i + m(i))
+    def by_rows(rows: list[int]) -> tuple[np.ndarray, np.ndarray]:  # c(i) and w(i, d) of the sequences `rows`
         if not rows:
-            return np.full((heads, seq_len, seq_len), np.nan)
-        return np.mean([(s[n] - g[:, None, :]) - (log_z[n][:, :, None] + m[:, :, None]) for n in rows], axis=0)
+            return np.full((heads, seq_len), np.nan), np.full((heads, seq_len, seq_len), np.nan)
+        with warnings.catch_warnings():  # offsets beyond a window have no pair
+            warnings.simplefilter("ignore", RuntimeWarning)
+            own_g = np.nanmean(s[rows], axis=(0, 2))  # g of these sequences: each half's w is its own estimate
+        deviation = np.mean([s[n] - log_z[n][:, :, None] for n in rows], axis=0) - own_g[:, None, :]
+        c = np.zeros((heads, seq_len)) if layer.sigmoid else np.nanmean(deviation, axis=2)  # sigmoid: no row term
+        return c, deviation - c[:, :, None]
 
-    r = residual(list(range(num_seqs)))
-    r_a, r_b = residual(halves[0]), residual(halves[1])
-    magnitudes = {name: np.full(heads, np.nan) for name in MAGNITUDES}  # NaN where a range does not exist
+    c, w = by_rows(list(range(num_seqs)))
+    (c_a, w_a), (c_b, w_b) = by_rows(halves[0]), by_rows(halves[1])
+    magnitudes = {name: np.full(heads, np.nan) for name in (*MAGNITUDES, *SHIFTS)}  # NaN where a range does not exist
     for name, (lo, hi) in query_ranges(seq_len, early, beyond).items():
         inside = valid.copy()
         inside[:lo] = False
@@ -236,23 +287,40 @@ def reference_layer(
             dy = y[:, inside] - y[:, inside].mean(axis=1, keepdims=True)
             return (dx * dy).mean(axis=1) - dx.mean(axis=1) * dy.mean(axis=1)
 
-        m_pairs = np.broadcast_to(m[:, :, None], r.shape)
-        magnitudes[f"mask_{name}"] = np.sqrt(np.maximum(0.0, cov(m_pairs, m_pairs)))
-        magnitudes[f"resid_{name}_raw"] = np.sqrt(np.maximum(0.0, cov(r, r)))
+        def per_pair(per_query: np.ndarray) -> np.ndarray:
+            return np.broadcast_to(per_query[:, :, None], w.shape)
+
+        magnitudes[f"mask_{name}_raw"] = np.sqrt(np.maximum(0.0, cov(per_pair(c), per_pair(c))))
+        magnitudes[f"mask_count_{name}"] = np.sqrt(np.maximum(0.0, cov(per_pair(m_count), per_pair(m_count))))
+        magnitudes[f"resid_{name}_raw"] = np.sqrt(np.maximum(0.0, cov(w, w)))
         with np.errstate(invalid="ignore"):
-            magnitudes[f"resid_{name}"] = np.sqrt(np.maximum(0.0, cov(r_a, r_b)))
+            for kind, (x, y) in {"resid": (w_a, w_b), "mask": (per_pair(c_a), per_pair(c_b))}.items():
+                covariance = cov(x, y)
+                magnitudes[f"{kind}_{name}"] = np.sign(covariance) * np.sqrt(np.abs(covariance))
+        if shift and not layer.sigmoid:
+            for kind, value in _shift(s, g, valid, halves, sampled_queries(lo, hi)).items():
+                magnitudes[f"shift_{kind.replace('_raw', '')}_{name}{'_raw' if kind.endswith('_raw') else ''}"] = value
     key0 = np.where(np.isnan(logits[..., 0]), -np.inf, logits[..., 0])  # (N, H, T)
     attention_on_key0 = 1 / (1 + np.exp(-key0)) if layer.sigmoid else np.exp(key0 - log_z)
     return LayerReference(
         g=g,
-        m=m,
-        r=r,
+        c=c,
+        m_count=m_count,
+        w=w,
         mean_s=mean_s,
         mean_logattn=np.mean(s - log_z[..., None], axis=0),
         magnitudes=magnitudes,
         dr2=reference_dr2(logits, log_z),
         sink_score=attention_on_key0[:, :, 1:].mean(axis=(0, 2)),
     )
+
+
+def layer_value(name: str, per_head: np.ndarray) -> np.ndarray:
+    """A layer's value from its heads': the mean for a shift, else the root of the mean of the (signed) squares."""
+    if name.startswith("shift_"):
+        return per_head.mean(keepdims=True)
+    mean = (per_head * np.abs(per_head)).mean(keepdims=True)
+    return np.sign(mean) * np.sqrt(np.abs(mean))
 
 
 def reference_dr2(logits: np.ndarray, log_z: np.ndarray) -> np.ndarray:
@@ -335,12 +403,25 @@ def relative_error(ours: np.ndarray | torch.Tensor, ref: np.ndarray, allowance: 
     return float(error / (scale if scale > 0 else 1.0))
 
 
-def magnitude_allowance(name: str, ref: LayerReference) -> float:
-    """The absolute error forgiven in the magnitude `name`: a mask magnitude is a spread of m, and where m
-    is constant (every query past a sliding window sees W keys) the defined value is 0 while the
-    reference's float64 mean over up to T² pairs leaves a residue of order log₂(T²)·eps·|m|; forgive
-    1024 eps·max|m| (2e-13·max|m|, far below any spread the tests compare). Others: none."""
-    return float(1024 * np.finfo(float).eps * np.abs(ref.m).max()) if name.startswith("mask_") else 0.0
+def log_z_allowance(layer: RecordedLayer) -> float:
+    """What posleak's log Z may differ by: it takes log Z from the model's float32 kernel (docs/method.md), so 4
+    float32 units in the last place of the largest log Z are forgiven in what carries it (the row term c)."""
+    return 4 * float(np.spacing(np.float32(np.abs(layer.materialised()[1]).max())))
+
+
+def magnitude_allowance(name: str, ref: LayerReference, layer: RecordedLayer) -> float:
+    """The absolute error forgiven in the magnitude `name`: the count term's magnitude is a spread of m_count, and
+    where m_count is constant (every query past a sliding window sees W keys) the defined value is 0 while the
+    reference's float64 mean over up to T² pairs leaves a residue of order log₂(T²)·eps·|m_count|; forgive
+    1024 eps·max|m_count| (2e-13·max|m_count|). The row term's carries log Z (`log_z_allowance`). Others: none."""
+    if name.startswith("mask_count_"):
+        return float(1024 * np.finfo(float).eps * np.abs(ref.m_count).max())
+    if name.startswith("resid_"):
+        # both sides sum terms that cancel where w is 0 (a layer whose logits are all equal): posleak products of
+        # logits (components.py), the root of a residue of order eps·s²; this reference ℓ − c, a residue of order
+        # eps·|ℓ| (2.6e-16 on tiny Zaya, whose logits are all 0); forgive 1e-6 of the largest mean |ℓ|
+        return float(1e-6 * np.nanmax(np.abs(ref.mean_logattn), initial=0.0))
+    return log_z_allowance(layer) if name.startswith("mask_") else 0.0
 
 
 def assert_close(errors: dict[str, float], tolerance: float) -> None:
@@ -357,10 +438,11 @@ def table_errors(
     recorder: LogitRecorder,
     early: int,
     edges: list[int],
+    shift: bool = True,
 ) -> dict[str, float]:
     """The largest relative error (over layers) of every column of posleak's tables against the
-    definitions: per head (every magnitude, ΔR², sink score), per layer (means over heads), and the
-    profile and offset-map cells on the grid with these `edges`."""
+    definitions: per head (every magnitude, the attention shift unless not `shift`, ΔR², sink score), per layer
+    (`layer_value` of the heads'), and the profile and offset-map cells on the grid with these `edges`."""
     errors: dict[str, list[float]] = {}
 
     def record(name: str, ours: object, ref: np.ndarray, allowance: float = 0.0) -> None:
@@ -368,23 +450,24 @@ def table_errors(
 
     beyond = model_window(recorder)
     for layer, recorded in sorted(recorder.layers.items()):
-        ref = reference_layer(recorded, early, beyond=beyond)
+        ref = reference_layer(recorded, early, beyond=beyond, shift=shift)
         heads = per_head[per_head["layer"] == layer].sort_values("head")
         row = per_layer[per_layer["layer"] == layer]
-        for name in MAGNITUDES:
-            allowance = magnitude_allowance(name, ref)
+        for name in (*MAGNITUDES, *SHIFTS) if shift else MAGNITUDES:
+            allowance = magnitude_allowance(name, ref, recorded)
             record(name, heads[name], ref.magnitudes[name], allowance)
             if name in per_layer:
-                record(f"per_layer.{name}", row[name], ref.magnitudes[name].mean(keepdims=True), allowance)
+                record(f"per_layer.{name}", row[name], layer_value(name, ref.magnitudes[name]), allowance)
         record("dr2_logit", heads["dr2_logit"], ref.dr2[:, 0])
         record("dr2_logattn", heads["dr2_logattn"], ref.dr2[:, 1])
         record("sink_score", heads["sink_score"], ref.sink_score)
 
-        valid = ~np.isnan(ref.r[0])
+        valid = ~np.isnan(ref.w[0])
         per_pair = {
-            "g": np.broadcast_to(ref.g[:, None, :], ref.r.shape),
-            "m": np.broadcast_to(ref.m[:, :, None], ref.r.shape),
-            "r": ref.r,
+            "g": np.broadcast_to(ref.g[:, None, :], ref.w.shape),
+            "c": np.broadcast_to(ref.c[:, :, None], ref.w.shape),
+            "m_count": np.broadcast_to(ref.m_count[:, :, None], ref.w.shape),
+            "w": ref.w,
         }
         cells = profiles[profiles["layer"] == layer]
         keys = list(zip(cells["q_lo"], cells["d_lo"], strict=True))
@@ -393,14 +476,12 @@ def table_errors(
         for name, values in per_pair.items():
             means = cell_means(values, valid, edges)
             heads_of = cells["head"].to_numpy()
-            # r of one cell carries log Z, which posleak takes from the model's float32 kernel (docs/method.md):
-            # its error is forgiven up to 4 float32 units in the last place of the largest log Z
-            allowance = 4 * float(np.spacing(np.float32(np.abs(recorded.materialised()[1]).max())))
             record(
                 f"profiles.{name}",
                 cells[name],
                 np.array([means[k][h] for k, h in zip(keys, heads_of, strict=True)]),
-                allowance if name == "r" else 0.0,
+                # c carries log Z; w is a difference of terms of the size of ℓ (1e-12 of the largest forgiven)
+                {"c": log_z_allowance(recorded), "w": 1e-12 * float(np.nanmax(np.abs(ref.mean_logattn)))}.get(name, 0),
             )
         mapped = offset_map[offset_map["layer"] == layer]
         means = cell_means(ref.mean_s - ref.g[:, None, :], valid, edges)
@@ -413,12 +494,12 @@ def table_errors(
 
 
 def identity_error(profiles: pd.DataFrame, recorder: LogitRecorder, early: int) -> float:
-    """mean over sequences of ℓ = g + m + r on every cell of an exact-grid profile table (worst layer)."""
+    """mean over sequences of ℓ = g + c + w on every cell of an exact-grid profile table (worst layer)."""
     worst = 0.0
     for layer, recorded in recorder.layers.items():
         ref = reference_layer(recorded, early)
         cells = profiles[profiles["layer"] == layer]
         i, d, h = (cells[name].to_numpy() for name in ("q_lo", "d_lo", "head"))
-        identity = cells["g"].to_numpy() + cells["m"].to_numpy() + cells["r"].to_numpy()
+        identity = cells["g"].to_numpy() + cells["c"].to_numpy() + cells["w"].to_numpy()
         worst = max(worst, relative_error(identity, ref.mean_logattn[h, i, d]))
     return worst

@@ -76,8 +76,9 @@ def test_run_folder_has_every_table_figure_and_report(tmp_path: Path) -> None:
         "layer",
         "head",
         "sink_score",
-        *(f"{kind}_{name}" for kind in ("mask", "resid") for name in ("early", "all", "beyond")),
-        *(f"resid_{name}_raw" for name in ("early", "all", "beyond")),
+        *(f"{kind}_{name}" for kind in ("mask", "mask_count", "resid") for name in ("early", "all", "beyond")),
+        *(f"{kind}_{name}_raw" for kind in ("mask", "resid") for name in ("early", "all", "beyond")),
+        *(f"shift_{kind}_{name}{raw}" for kind in ("kl", "tv") for name in ("early", "all", "beyond") for raw in ("", "_raw")),  # noqa: E501
         "dr2_logit",
         "dr2_logattn",
     }
@@ -136,11 +137,14 @@ def test_analyze_ends_with_the_headline_magnitudes_and_writes_strict_json(tmp_pa
         lo, hi = np.quantile(means[measure], [0.025, 0.975])
         value = per_layer[measure].mean()
         assert shown[measure].split(maxsplit=1)[1].startswith(f"{value:.4g} ({lo:.3g} to {hi:.3g})  "), shown[measure]
-    assert lines[start + 5] == (
+    for line, kind in zip(lines[start + 5 : start + 7], ("kl", "tv"), strict=True):
+        shifts = [f"{q} queries {per_layer[f'shift_{kind}_{q}'].mean():.3g}" for q in ("early", "all")]
+        assert line.startswith("  attention moved by w") and line.endswith(", ".join(shifts)), line
+    assert lines[start + 7] == (
         f"  ΔR² of absolute position over the offset (§7), mean over heads: logits {per_head['dr2_logit'].mean():.3g}, "
         f"log-attention {per_head['dr2_logattn'].mean():.3g}"
     )
-    assert lines[start + 6].startswith("  position 0 closed system (§8): holds") and len(lines) == start + 7
+    assert lines[start + 8].startswith("  position 0 closed system (§8): holds") and len(lines) == start + 9
     assert len(strict_json_files(out)) >= 1
 
 

@@ -292,12 +292,14 @@ def test_prefix_queries_see_their_whole_prefix() -> None:
 )
 def test_lab_models_match_brute_force(pe: str, norm: str, attention: str) -> None:
     """The default analysis of lab models (ALiBi and the logit bias live in q and k) against the float64
-    brute force of the definitions; sigmoid attention has log Z ≡ 0, so m ≡ 0 exactly and only r is left."""
+    brute force of the definitions; sigmoid attention has log Z ≡ 0, so the count term is 0 exactly, the row term c
+    is the row mean of s − g, and the shift is NaN (no distribution over keys)."""
     result, recorder = analyze_recorded(_model(pe, norm, attention), _ids(batch=6))
     assert_close(errors_of(result, recorder), 1e-5)
     if norm == "sigmoid":
-        assert (result.per_head[["mask_early", "mask_all"]] == 0).all().all()
-        assert (result.profiles["m"] == 0).all() and result.per_head["resid_all_raw"].min() > 0
+        assert (result.per_head[["mask_count_early", "mask_count_all"]] == 0).all().all()
+        assert (result.profiles["m_count"] == 0).all() and result.per_head["resid_all_raw"].min() > 0
+        assert result.per_head["shift_kl_all"].isna().all()
 
 
 def test_sink_logit_enters_log_z() -> None:

@@ -116,8 +116,9 @@ def _profiles(rng: np.random.Generator) -> pd.DataFrame:
                         **{c: grid[c] for c in ("q_lo", "q_hi", "d_lo", "d_hi")},
                         "cells": cells,
                         "g": -np.log1p(d) + 0.1 * rng.standard_normal(len(grid)),
-                        "m": -(1 + 0.1 * head) * np.log1p(np.minimum(i, WINDOW if sliding else T)),
-                        "r": (0.05 * layer + 0.2) * np.exp(-d / 40) * np.cos(i / 60)
+                        "c": -(1.2 + 0.1 * head) * np.log1p(np.minimum(i, WINDOW if sliding else T)),
+                        "m_count": -(1 + 0.1 * head) * np.log1p(np.minimum(i, WINDOW if sliding else T)),
+                        "w": (0.05 * layer + 0.2) * np.exp(-d / 40) * np.cos(i / 60)
                         + 0.05 * rng.standard_normal(len(grid)),
                     }
                 )
@@ -126,8 +127,8 @@ def _profiles(rng: np.random.Generator) -> pd.DataFrame:
 
 
 def _offset_map(profiles: pd.DataFrame) -> pd.DataFrame:
-    table = profiles[profiles["cells"] > 0].groupby(["layer", "q_lo", "q_hi", "d_lo", "d_hi"], as_index=False)["r"]
-    return table.mean().rename(columns={"r": "value"})
+    table = profiles[profiles["cells"] > 0].groupby(["layer", "q_lo", "q_hi", "d_lo", "d_hi"], as_index=False)["w"]
+    return table.mean().rename(columns={"w": "value"})
 
 
 def _manifest(model_id: str = "gemma3-270m") -> dict:

@@ -19,6 +19,11 @@ from posleak.measure import measured_magnitudes
 from posleak.pipeline import AnalysisResult
 
 _NAMES = {"resid": "residual stream", "mask": "causal mask"}
+# The attention shift of w (docs/method.md §7): split-half forms, means over layers, no interval.
+_SHIFTS = {
+    "shift_kl": "attention moved by w, symmetrised KL (nats)",
+    "shift_tv": "attention moved by w, total variation",
+}
 _RANGES = {"early": "early queries", "all": "all queries", "beyond": "queries beyond the window"}
 
 
@@ -49,6 +54,15 @@ def analysis_lines(result: AnalysisResult) -> list[str]:
         else:
             value, lo, hi = float(result.per_layer[measure].mean()), float("nan"), float("nan")
         lines.append(f"  {measure:<{width}}  {value:.4g}{_interval(lo, hi, '.3g')}  {_what(measure)}")
+    for kind, what in _SHIFTS.items():
+        values = {
+            queries: float(result.per_layer[f"{kind}_{queries}"].mean())
+            for queries in _RANGES
+            if f"{kind}_{queries}" in result.per_layer and result.per_layer[f"{kind}_{queries}"].notna().any()
+        }
+        if values:
+            shown = ", ".join(f"{_RANGES[queries]} {value:.3g}" for queries, value in values.items())
+            lines.append(f"  {what}, mean over layers (§7, no interval): {shown}")
     heads = result.per_head
     lines.append(
         f"  ΔR² of absolute position over the offset (§7), mean over heads: logits {heads['dr2_logit'].mean():.3g}, "

@@ -1,9 +1,20 @@
-"""Measurements on captured attention: the leakage decomposition (g, m, r), ΔR², bootstrap intervals."""
+"""Measurements on captured attention: the decomposition by rows (g, c, w), the attention shift, ΔR², bootstrap
+intervals."""
 
 from posleak.measure.bootstrap import percentile_interval, resample_weights
-from posleak.measure.components import MAGNITUDES, LayerProfile, halves, magnitudes, mask_component, profile
+from posleak.measure.components import (
+    MAGNITUDES,
+    SHIFTS,
+    LayerProfile,
+    halves,
+    layer_value,
+    magnitudes,
+    mask_component,
+    profile,
+)
 from posleak.measure.decomposition import (
     LAYER_MAGNITUDES,
+    MEASURES,
     Decomposition,
     LayerResult,
     MeasureSpec,
@@ -17,6 +28,8 @@ from posleak.measure.regression import DesignMoments, delta_r2, running_sums
 __all__ = [
     "LAYER_MAGNITUDES",
     "MAGNITUDES",
+    "MEASURES",
+    "SHIFTS",
     "CellLayout",
     "Decomposition",
     "DesignMoments",
@@ -28,6 +41,7 @@ __all__ = [
     "MeasureSpec",
     "delta_r2",
     "halves",
+    "layer_value",
     "magnitudes",
     "mask_component",
     "measure_layer",

@@ -27,12 +27,16 @@ from posleak.capture.masks import MaskSpec
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.capture.store import LayerCapture
 from posleak.measure.bootstrap import percentile_interval, resample_weights
-from posleak.measure.components import MAGNITUDES, RANGES, LayerProfile, Moments, profile
+from posleak.measure.components import MAGNITUDES, RANGES, SHIFTS, LayerProfile, Moments, layer_value, profile, shifts
 from posleak.measure.grid import CellLayout, Grid
 from posleak.measure.layer_sums import SumsPath, segment_boundaries, sum_layer
 from posleak.measure.regression import DesignMoments, delta_r2, running_sums
+from posleak.measure.shift import SHIFT_QUERIES, shift_queries
 
 LAYER_MAGNITUDES = tuple(f"{kind}_{name}" for kind in ("mask", "resid") for name in RANGES)
+# Every per-head measure of a run: the magnitudes (with bootstrap resamples) and the attention shift (without: a
+# resample of it would need a pass over the logits).
+MEASURES = MAGNITUDES + SHIFTS
 
 
 def measured_magnitudes(*per_layer: pd.DataFrame) -> list[str]:
@@ -58,10 +62,11 @@ class MeasureSpec:
     level: float = 0.95
     path: SumsPath = "auto"
     beyond: int | None = None  # the model's sliding window W, where it has one (range "beyond")
+    shift_queries: int = SHIFT_QUERIES  # queries per range that the attention shift is formed from (shift.py)
 
     def __post_init__(self) -> None:
-        if self.num_seqs < 1 or self.early < 1:
-            raise ValueError("num_seqs and early must be ≥ 1")
+        if self.num_seqs < 1 or self.early < 1 or self.shift_queries < 1:
+            raise ValueError("num_seqs, early and shift_queries must be ≥ 1")
         if self.table_grid.seq_len != self.seq_len:
             raise ValueError(f"table grid is for length {self.table_grid.seq_len}, not {self.seq_len}")
 
@@ -143,14 +148,16 @@ def measure_layer(capture: LayerCapture, spec: MeasureSpec) -> LayerResult:
             f"the measurement expects {spec.num_seqs} × {spec.seq_len}"
         )
     ranges = spec.ranges
-    sums = sum_layer(capture, segment_boundaries(spec.seq_len, ranges), spec.table_grid, spec.path)
+    boundaries = segment_boundaries(spec.seq_len, ranges)
+    rows = shift_queries(ranges, spec.shift_queries)
+    sums = sum_layer(capture, boundaries, spec.table_grid, spec.path, rows)
     # the point estimate is the weighting of all ones, computed with the distinct resamples in one pass
     weights = torch.ones(1, spec.num_seqs, dtype=torch.float64)
     resampling = spec.resampling()
     if resampling is not None:
         weights = torch.cat([weights, resampling[0]])
     magnitudes = Moments.of(sums, ranges).magnitudes(weights)
-    point = {name: value[0] for name, value in magnitudes.items()}
+    point = {name: value[0] for name, value in magnitudes.items()} | shifts(sums, ranges, spec.shift_queries)
     resampled = None if resampling is None else {name: value[1:] for name, value in magnitudes.items()}
     dr2 = delta_r2(running_sums(sums), DesignMoments.of(sums.mask, spec.seq_len, spec.num_seqs))
     return LayerResult(
@@ -169,7 +176,7 @@ class Decomposition:
 
     grid: Grid  # the table grid
     layer_profiles: list[LayerProfile]
-    magnitudes: dict[str, torch.Tensor]  # name → (L, H)
+    magnitudes: dict[str, torch.Tensor]  # name → (L, H), every measure of MEASURES
     dr2: torch.Tensor  # (L, H, 2): ΔR² of the logit and of the log-attention
     sink_score: torch.Tensor  # (L, H): α₀, the mean attention on key 0 over queries i ≥ 1
     bootstrap: dict[str, torch.Tensor] | None  # name → (R, L, H) per-resample magnitudes
@@ -180,6 +187,7 @@ class Decomposition:
     beyond: int | None
     resamples: int
     seed: int
+    shift_queries: int
     where: dict[str, str]  # where the sums were formed ("device") and how the captures were kept ("captures")
 
     @staticmethod
@@ -201,7 +209,7 @@ class Decomposition:
         return Decomposition(
             grid=spec.table_grid,
             layer_profiles=[result.profile for result in results],
-            magnitudes={name: torch.stack([result.point[name] for result in results]) for name in MAGNITUDES},
+            magnitudes={name: torch.stack([result.point[name] for result in results]) for name in MEASURES},
             dr2=torch.stack([result.dr2 for result in results]),
             sink_score=torch.stack([result.sink_score for result in results]),
             bootstrap=bootstrap,
@@ -212,6 +220,7 @@ class Decomposition:
             beyond=spec.beyond if "beyond" in spec.ranges else None,
             resamples=spec.resamples,
             seed=spec.seed,
+            shift_queries=spec.shift_queries,
             where=where,
         )
 
@@ -220,15 +229,15 @@ class Decomposition:
         return [p.layer for p in self.layer_profiles]
 
     def layer_means(self, name: str) -> torch.Tensor:
-        """Mean over heads of a magnitude, (L,)."""
-        return self.magnitudes[name].mean(-1)
+        """Each layer's value of a measure from its heads' (components.layer_value), (L,)."""
+        return layer_value(name, self.magnitudes[name])
 
     def layer_interval(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Percentile interval of the mean over heads, each (L,); NaN without a bootstrap."""
-        if self.bootstrap is None:
+        """Percentile interval of the layer's value, each (L,); NaN without a bootstrap and for the shift."""
+        if self.bootstrap is None or name not in self.bootstrap:
             nan = torch.full((len(self.layers),), float("nan"), dtype=torch.float64)
             return nan, nan.clone()
-        return percentile_interval(self.bootstrap[name].mean(-1), self.level)
+        return percentile_interval(layer_value(name, self.bootstrap[name]), self.level)
 
     def per_head(self) -> pd.DataFrame:
         heads = self.magnitudes[MAGNITUDES[0]].shape[1]
@@ -239,7 +248,7 @@ class Decomposition:
                 "sink_score": self.sink_score.flatten().numpy(),
             }
         )
-        for name in MAGNITUDES:
+        for name in MEASURES:
             frame[name] = self.magnitudes[name].flatten().numpy()
         frame["dr2_logit"] = self.dr2[..., 0].flatten().numpy()
         frame["dr2_logattn"] = self.dr2[..., 1].flatten().numpy()
@@ -252,14 +261,17 @@ class Decomposition:
         for name in LAYER_MAGNITUDES:
             lo, hi = self.layer_interval(name)
             frame[f"{name}_lo"], frame[f"{name}_hi"] = lo.numpy(), hi.numpy()
+        for name in MEASURES:
+            if name not in LAYER_MAGNITUDES:
+                frame[name] = self.layer_means(name).numpy()
         frame["sink_rate"] = (self.sink_score > SINK_THRESHOLD).double().mean(-1).numpy()
         return frame
 
     def profiles(self) -> pd.DataFrame:
-        """g, m and r per cell of the table grid and head (means over each cell's valid pairs)."""
+        """g, c, m_count and w per cell of the table grid and head (means over each cell's valid pairs)."""
         parts = []
         for p in self.layer_profiles:
-            heads, cells = p.r.shape[0], p.layout.num_cells
+            heads, cells = p.w.shape[0], p.layout.num_cells
             parts.append(
                 {
                     "layer": np.full(heads * cells, p.layer),
@@ -267,8 +279,9 @@ class Decomposition:
                     **_cell_bounds(p.layout, repeat=heads),
                     "cells": p.layout.count.repeat(heads).long().numpy(),
                     "g": p.g_cell.flatten().numpy(),
-                    "m": p.m_cell.flatten().numpy(),
-                    "r": p.r.flatten().numpy(),
+                    "c": p.c_cell.flatten().numpy(),
+                    "m_count": p.m_count_cell.flatten().numpy(),
+                    "w": p.w.flatten().numpy(),
                 }
             )
         return _concatenated(parts)
@@ -286,6 +299,7 @@ class Decomposition:
         """What a manifest records about this measurement."""
         return {
             "magnitudes": "over single (query, offset) pairs (docs/method.md); the grid is the tables' resolution",
+            "shift_queries": f"at most {self.shift_queries} evenly spaced queries per range (docs/method.md §7)",
             "table_grid": self.grid.describe(),
             "num_seqs": self.num_seqs,
             "early": self.early,

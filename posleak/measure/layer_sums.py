@@ -35,6 +35,7 @@ from posleak.device import sums_device
 from posleak.measure import bilinear
 from posleak.measure.grid import Grid
 from posleak.measure.offset_blocks import offset_block, reverse_keys
+from posleak.measure.shift import SHIFT_STATS, shift_rows
 
 SumsPath = Literal["auto", "bilinear", "materialised"]
 # Float64 logits per block of the materialised path (N·H·rows·W): a few MB, so the block stays in cache.
@@ -58,6 +59,8 @@ class LayerSums:
     table: torch.Tensor  # (H, bins, bins): Σ_n Σ s over each cell of `table_grid`
     table_grid: Grid
     sink_score: torch.Tensor  # (H,): α₀, the mean attention on key 0 over queries i ≥ 1
+    shift_queries: torch.Tensor  # (S,): the queries of the attention shift's rows (shift.py)
+    shift: torch.Tensor  # (5, H, S): shift.SHIFT_STATS of each of those queries (NaN for sigmoid attention)
     device: str = "cpu"  # where the float64 products and sums were formed (the tensors here are on the CPU)
 
     @property
@@ -89,6 +92,13 @@ class LayerSums:
         return [s for s, start in enumerate(self.boundaries[:-1]) if lo <= start < hi]
 
 
+def halves(num_seqs: int) -> torch.Tensor:
+    """The half of each sequence, (N,): 0 = A (index < ⌊N/2⌋), 1 = B (next ⌊N/2⌋), −1 = the odd last one."""
+    half = num_seqs // 2
+    index = torch.arange(num_seqs)
+    return torch.where(index < half, 0, torch.where(index < 2 * half, 1, -1))
+
+
 def segment_boundaries(seq_len: int, ranges: dict[str, tuple[int, int]]) -> tuple[int, ...]:
     """0, T and every range end, sorted: the segments the sums keep column sums and Gram matrices for."""
     return tuple(sorted({0, seq_len} | {bound for span in ranges.values() for bound in span}))
@@ -106,8 +116,15 @@ def choose_path(capture: LayerCapture, path: SumsPath = "auto") -> Literal["bili
     return "materialised" if materialised else "bilinear"
 
 
-def sum_layer(capture: LayerCapture, boundaries: Sequence[int], table_grid: Grid, path: SumsPath = "auto") -> LayerSums:
-    """The sums of one layer's logits (module docstring)."""
+def sum_layer(
+    capture: LayerCapture,
+    boundaries: Sequence[int],
+    table_grid: Grid,
+    path: SumsPath = "auto",
+    shift_queries: torch.Tensor | None = None,
+) -> LayerSums:
+    """The sums of one layer's logits (module docstring), and the attention shift's rows of `shift_queries`
+    (none when None)."""
     facts = capture.facts
     mask = facts.mask
     if not mask.causal or mask.prefix > 0:
@@ -131,6 +148,8 @@ def sum_layer(capture: LayerCapture, boundaries: Sequence[int], table_grid: Grid
             stacked.query.contiguous(), stacked.keys, span, facts.softcap, boundaries, table_grid
         )
     host = torch.device("cpu")
+    shift_at = torch.zeros(0, dtype=torch.long) if shift_queries is None else shift_queries
+    shift = _shift(stacked, facts, columns, shift_at)
     return LayerSums(
         layer=capture.layer,
         mask=mask,
@@ -145,6 +164,8 @@ def sum_layer(capture: LayerCapture, boundaries: Sequence[int], table_grid: Grid
         table=table.to(host),
         table_grid=table_grid,
         sink_score=_sink_scores(stacked, capture.facts, log_z).to(host),
+        shift_queries=shift_at,
+        shift=shift.to(host),
         device=str(stacked.stacked_query.device),
     )
 
@@ -185,6 +206,19 @@ def _materialised(
                 flat = part.transpose(0, 1).reshape(heads, num_seqs, -1)
                 gram[s] += flat @ flat.mT
     return rows, columns, gram, offset_weighted, table
+
+
+def _shift(stacked: bilinear.Stacked, facts: CallFacts, columns: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The attention shift's statistics of `rows` (shift.py), with g from the column sums over all queries."""
+    heads = columns.shape[2]
+    if facts.norm == "sigmoid" or not len(rows):  # sigmoid attention is no distribution over keys: no shift
+        return torch.full((len(SHIFT_STATS), heads, len(rows)), float("nan"), dtype=torch.float64)
+    num_seqs, seq_len, span = columns.shape[1], stacked.stacked_query.shape[2], columns.shape[-1]
+    count = seq_len - torch.arange(span, dtype=torch.float64, device=columns.device)
+    g = columns.sum((0, 1)) / (num_seqs * count)
+    half = halves(num_seqs)
+    groups = [torch.nonzero(half == which)[:, 0] for which in (0, 1, -1)]
+    return shift_rows(stacked.stacked_query, stacked.stacked_keys, facts.mask, facts.softcap, g, groups, rows)
 
 
 def _sink_scores(stacked: bilinear.Stacked, facts: CallFacts, log_z: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posleak.capture.residual import ClosedSystemReport, skipped_layers
 from posleak.data.batches import TokenBatch
-from posleak.measure import LAYER_MAGNITUDES, Decomposition
+from posleak.measure import LAYER_MAGNITUDES, Decomposition, layer_value
 from posleak.measure.position0 import fingerprint_constancy
 from posleak.models.load import LoadedModel
 from posleak.pipeline.config import AnalyzeConfig
@@ -50,7 +50,7 @@ def _bootstrap_table(decomposition: Decomposition) -> pd.DataFrame:
     columns = ["resample", "layer", *LAYER_MAGNITUDES]
     if decomposition.bootstrap is None:
         return pd.DataFrame(columns=columns)
-    samples = {name: decomposition.bootstrap[name].mean(-1) for name in LAYER_MAGNITUDES}  # (R, L)
+    samples = {name: layer_value(name, decomposition.bootstrap[name]) for name in LAYER_MAGNITUDES}  # (R, L)
     resamples, layers = samples[LAYER_MAGNITUDES[0]].shape
     frame = pd.DataFrame(
         {

@@ -140,11 +140,14 @@ def _layer_rows(profiles: pd.DataFrame, layer: int) -> pd.DataFrame:
 
 
 def _mask_profile(profiles: pd.DataFrame, layer: int) -> pd.DataFrame:
-    """m per head and query bin: each cell holds the mean of m(i) over its pairs, so weight by `cells`."""
+    """c and m_count per head and query bin: each cell holds the mean of c(i) (m_count(i)) over its pairs, so
+    weight by `cells`."""
     rows = _layer_rows(profiles, layer)
-    rows = rows.assign(weighted=rows["m"] * rows["cells"])
-    sums = rows.groupby(["head", "q_lo", "q_hi"], as_index=False)[["weighted", "cells"]].sum()
-    return sums.assign(m=sums["weighted"] / sums["cells"], i=(sums["q_lo"] + sums["q_hi"]) / 2)
+    rows = rows.assign(c=rows["c"] * rows["cells"], m_count=rows["m_count"] * rows["cells"])
+    sums = rows.groupby(["head", "q_lo", "q_hi"], as_index=False)[["c", "m_count", "cells"]].sum()
+    return sums.assign(
+        c=sums["c"] / sums["cells"], m_count=sums["m_count"] / sums["cells"], i=(sums["q_lo"] + sums["q_hi"]) / 2
+    )
 
 
 def profiles_figure(
@@ -154,9 +157,10 @@ def profiles_figure(
     *,
     title: str = "Component profiles at the layers where each is largest",
 ) -> Path:
-    """Left: m(i) against query position (each head, and their mean) at the layer of largest mask magnitude.
-    Right: r(i, d) over query × offset, mean over heads, at the layer of largest residual magnitude."""
-    _require(profiles, ["layer", "head", "q_lo", "q_hi", "d_lo", "d_hi", "cells", "m", "r"], "profiles")
+    """Left: the row term c(i) against query position (each head, and their mean; the count term m_count dashed)
+    at the layer of largest mask magnitude. Right: the within-row term w(i, d) over query × offset, mean over
+    heads, at the layer of largest residual magnitude."""
+    _require(profiles, ["layer", "head", "q_lo", "q_hi", "d_lo", "d_hi", "cells", "c", "m_count", "w"], "profiles")
     _require(per_layer, ["layer", "mask_all", "resid_all"], "per_layer")
     # fillna: with one sequence the noise-corrected magnitudes are all NaN, and then the first layer is shown
     mask_layer = int(per_layer.loc[per_layer["mask_all"].fillna(-np.inf).idxmax(), "layer"])
@@ -167,24 +171,25 @@ def profiles_figure(
     m = _mask_profile(profiles, mask_layer)
     label = "each head"
     for _, rows in m.groupby("head"):
-        left.plot(rows["i"], rows["m"], color=MASK_COLOR, alpha=0.35, lw=1, label=label)
+        left.plot(rows["i"], rows["c"], color=MASK_COLOR, alpha=0.35, lw=1, label=label)
         label = "_nolegend_"
-    mean = m.groupby("i", as_index=False)["m"].mean()
-    left.plot(mean["i"], mean["m"], color="black", lw=2, label="mean over heads")
+    mean = m.groupby("i", as_index=False)[["c", "m_count"]].mean()
+    left.plot(mean["i"], mean["c"], color="black", lw=2, label="mean over heads")
+    left.plot(mean["i"], mean["m_count"], color="black", lw=1, ls="--", label="its count term m_count")
     if _is_geometric(profiles["q_lo"], profiles["q_hi"]):
         left.set_xscale("log")
     left.set_xlabel("query position i")
-    left.set_ylabel("m(i) = −logsumexp of g(d) over valid d (nats)")
+    left.set_ylabel("row term c(i) (nats)")
     left.set_title(f"causal-mask component, layer {mask_layer}")
     left.legend(frameon=False)
     left.grid(alpha=0.3)
 
-    cells = _layer_rows(profiles, resid_layer).groupby(["q_lo", "q_hi", "d_lo", "d_hi"], as_index=False)["r"].mean()
-    mesh = _heatmap(right, cells, "r", _symmetric_norm(cells["r"]))
+    cells = _layer_rows(profiles, resid_layer).groupby(["q_lo", "q_hi", "d_lo", "d_hi"], as_index=False)["w"].mean()
+    mesh = _heatmap(right, cells, "w", _symmetric_norm(cells["w"]))
     right.set_xlabel("offset d = i − j")
     right.set_ylabel("query position i")
-    right.set_title(f"residual-stream component r(i, d), layer {resid_layer}")
-    fig.colorbar(mesh, ax=right, extend="both", label="r(i, d) (nats, mean over heads)")
+    right.set_title(f"residual-stream component w(i, d), layer {resid_layer}")
+    fig.colorbar(mesh, ax=right, extend="both", label="w(i, d) (nats, mean over heads)")
     fig.suptitle(title)
     return _save(fig, path)
 
