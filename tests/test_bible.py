@@ -21,6 +21,7 @@ from posleak.data import bible
 from posleak.data.batches import make_sequences
 from posleak.data.corpus import Corpus, bible_corpus, load_corpus
 from posleak.errors import PosleakError
+from posleak.models.load import LoadedModel
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +131,8 @@ def test_the_command_line_reports_a_corrupted_file_in_one_line(tmp_path: Path, m
 
 
 @pytest.mark.slow
-def test_analyze_runs_on_the_corpus(tmp_path: Path) -> None:
+def test_analyze_runs_on_the_corpus(smollm2: LoadedModel, tmp_path: Path) -> None:
+    """(The fixture fetches the model into the cache the command reads.)"""
     out = tmp_path / "run"
     args = ("--corpus", "bible-web", "--seq-len", "128", "--num-seqs", "4", "--bootstrap", "0", "--out", str(out))
     result = run_cli("analyze", "smollm2-135m", *args)
