@@ -82,7 +82,7 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=unset, help="sequences per forward pass")
     parser.add_argument("--bos", choices=["auto", "on", "off"], default=unset, help="BOS at position 0")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--corpus", default=unset, help="stdlib | FILE.txt | FOLDER | FILE.jsonl[:field]")
+    source.add_argument("--corpus", default=unset, help="stdlib | bible-web | FILE.txt | FOLDER | FILE.jsonl[:field]")
     source.add_argument("--tokens", default=unset, help="a .npy file of token ids (N×T), taken verbatim")
     parser.add_argument(
         "--cross-documents", action="store_true", default=unset, help="let sequences run across documents"

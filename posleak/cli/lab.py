@@ -99,7 +99,7 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--eval-every", type=int, default=unset)
     group.add_argument("--checkpoint-every", type=int, default=unset)
     group.add_argument("--seed", type=int, default=unset)
-    group.add_argument("--corpus", default=unset, help="stdlib | FILE.txt | FOLDER | FILE.jsonl[:field]")
+    group.add_argument("--corpus", default=unset, help="stdlib | bible-web | FILE.txt | FOLDER | FILE.jsonl[:field]")
     group.add_argument("--vocab-size", type=int, default=unset, help="BPE vocabulary trained on the corpus")
     group.add_argument("--device", choices=DEVICES, default=unset, help="where to train and evaluate (auto: the best)")
     group.add_argument(

@@ -46,6 +46,7 @@ class TokenBatch:
     seed: int | None  # the window-selection seed; None for a token file
     null: str | None = None  # "shift" or "shuffle" when this is a null of another batch
     null_seed: int | None = None
+    source_origin: str | None = None  # a packaged corpus's package, version and file SHA-256 (Corpus.origin)
 
     def __post_init__(self) -> None:
         if self.ids.dim() != 2 or self.ids.dtype != torch.long:
@@ -74,6 +75,7 @@ class TokenBatch:
             "seed": self.seed,
             "null": self.null,
             "null_seed": self.null_seed,
+            "source_origin": self.source_origin,
         }
 
 
@@ -128,6 +130,7 @@ def make_sequences(
         source=corpus.fingerprint,
         source_name=corpus.name,
         seed=seed,
+        source_origin=corpus.origin,
     )
 
 

