@@ -22,7 +22,7 @@ over keys, so it has no shift (NaN).
 A row costs O(T·N·D) products and O(T) exponentials per head, against O(1) per row for every other measure,
 so each range's shift is the mean over at most SHIFT_QUERIES of its queries, evenly spaced (`range_queries`):
 exact where the range has no more queries than that (the early range always), an estimate of the mean over
-all of them otherwise (its error is measured in tests/test_measure.py and stated in docs/method.md §7).
+all of them otherwise (its error, measured on planted layers, is in docs/method.md §7).
 The queries are taken whole (every valid key), block by block of rows.
 """
 
