@@ -40,7 +40,10 @@ window), b = 128 positions per Gram block, A = ⌈T / b⌉ blocks, c = the grid'
                        blocks, and q_i against the prefix sum at each far edge e that row i reaches (e' = min(e,
                        W) − 1);
   materialised (layer_sums._materialised), per block of r query rows (N·H·r·W ≤ 2²¹ logits, r ≤ 64) ending at
-  q1: logits 2·N·H·D·r·(r + min(q1, W) − 1) and Gram 2·N²·H·r·min(q1, W).
+  q1: logits 2·N·H·D·r·(r + min(q1, W) − 1) and Gram 2·N²·H·r·min(q1, W);
+  both paths, the attention shift (posleak/measure/shift.py), per block of its sampled rows (shift.row_blocks)
+  against the k keys from the first row's first valid key to the last row: 2·H·rows·k·(N·D + 5), the mean
+  logits of the halves (N·D wide in all) and five row-wise dot products.
 Every term but the FFTs and the rows' products is a matrix product whose count tests/test_benchmarks.py checks
 against torch's own FlopCounterMode. The elementwise passes (prefix sums, masks, casts, binning) are not
 counted: they are bound by memory, not arithmetic, so the GFLOP/s is the rate of the arithmetic above, a lower
@@ -75,6 +78,7 @@ from posleak.capture.store import CallFacts, LayerCapture
 from posleak.device import Placement
 from posleak.measure import Grid, MeasureSpec, measure_layer, segment_boundaries
 from posleak.measure.layer_sums import SumsPath, choose_path
+from posleak.measure.shift import row_blocks, shift_queries
 from posleak.store.jsonfile import dumps
 
 PAPER_QUICK_ANALYSES = 26  # 13 per sample × 2 samples (module docstring)
@@ -159,7 +163,8 @@ def operation_count(shape: Shape, spec: MeasureSpec, path: str) -> dict[str, flo
         height = torch.clamp(seq_len - starts, max=rows)
         width = torch.clamp(starts + height, max=span)  # offsets < min(q1, W) of each block
         logits = 2 * n * heads * dim * float((height * (height + width - 1)).sum())
-        return {"logits": logits, "Gram": 2 * n * n * heads * float((height * width).sum())}
+        gram = 2 * n * n * heads * float((height * width).sum())
+        return {"logits": logits, "Gram": gram, "attention shift": _shift_work(shape, spec)}
     block, window = _GRAM_BLOCK, shape.window
     blocks = -(-seq_len // block)
     whole = blocks if window is None else window // block  # as in bilinear.gram: key blocks wholly valid
@@ -181,7 +186,19 @@ def operation_count(shape: Shape, spec: MeasureSpec, path: str) -> dict[str, flo
         "column sums, direct": 2 * n * heads * dim * direct,
         "rows and sink score": 2 * heads * n * dim * seq_len * 3,
         "tables": 2 * heads * n * dim * (seq_len * (2 * linear - 1) + far),
+        "attention shift": _shift_work(shape, spec),
     }
+
+
+def _shift_work(shape: Shape, spec: MeasureSpec) -> float:
+    """The attention shift's products (module docstring)."""
+    rows = shift_queries(spec.ranges, spec.shift_queries)
+    window = shape.window or spec.seq_len
+    total = 0.0
+    for start, end in row_blocks(rows, shape.heads):
+        keys = int(rows[end - 1]) + 1 - max(0, int(rows[start]) - window + 1)
+        total += 2 * shape.heads * (end - start) * keys * (spec.num_seqs * shape.head_dim + 5)
+    return total
 
 
 def _column_work(spec: MeasureSpec, span: int) -> tuple[int, int]:

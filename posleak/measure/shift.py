@@ -75,16 +75,23 @@ def shift_rows(
     out = torch.full((len(SHIFT_STATS), heads, len(rows)), float("nan"), dtype=torch.float64, device=query.device)
     rows = rows.to(query.device)
     log_norm_g = torch.logcumsumexp(g, -1)  # LSE_{d' ≤ d} g(d')
-    start = 0
+    for start, end in row_blocks(rows, heads):
+        part = rows[start:end]
+        out[..., start:end] = _block_stats(query, keys, mask, softcap, g, log_norm_g, groups, part)
+    return out
+
+
+def row_blocks(rows: torch.Tensor, heads: int) -> list[tuple[int, int]]:
+    """The blocks (start, end) of the sorted `rows` that shift_rows forms at once: as many rows as keep
+    heads × rows × (keys up to the last of them) within _BLOCK_ELEMENTS (one row at least)."""
+    blocks, start = [], 0
     while start < len(rows):
-        # as many rows as keep (rows × keys up to the last of them) within the block's budget
         keys_upto = rows[start:].double() + 1
         fits = (torch.arange(1, len(keys_upto) + 1, device=rows.device) * keys_upto * heads) <= _BLOCK_ELEMENTS
         end = start + max(1, int(fits.sum()))
-        part = rows[start:end]
-        out[..., start:end] = _block_stats(query, keys, mask, softcap, g, log_norm_g, groups, part)
+        blocks.append((start, end))
         start = end
-    return out
+    return blocks
 
 
 def _block_stats(
