@@ -7,6 +7,7 @@ report that renders in a real browser)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -24,7 +25,7 @@ from tiny import SINK_T, sink_ids, sink_model, sink_scores
 from posleak.cli.summary import claim_lines
 from posleak.data.batches import TokenBatch
 from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, percent_change
-from posleak.experiments.paper import QUICK, paper_plan
+from posleak.experiments.paper import QUICK, paper_plan, render
 from posleak.experiments.paper.c1 import claim_c1
 from posleak.experiments.paper.c2 import claim_c2
 from posleak.experiments.paper.c3 import claim_c3, unit_verdicts
@@ -809,3 +810,50 @@ def test_every_problem_of_the_models_in_their_roles_at_once(
     assert f"large-base model {short}: its maximum positions (128) are shorter than its T = 256" in lines[2]
     assert "sliding model gemma3-270m: its sliding window W = 512 is not shorter than its T = 512" in lines[3]
     assert not out.exists()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_readme_table_and_results_page_are_generated_from_the_claims_json_they_name() -> None:
+    """The README's verdict table and docs/results.md equal what `posleak paper --render-docs` writes from the
+    claims.json the README names; each row's verdict is the one that claims.json states (read here as plain JSON)."""
+    readme = (ROOT / "README.md").read_text()
+    marker = re.search(
+        r"<!-- verdicts: generated from (\S+) by `posleak paper --render-docs`; do not edit -->\n", readme
+    )
+    assert marker, "the README has no generated verdict table"
+    source = Path(marker.group(1))
+    table = readme[marker.end() :].split(render.END)[0].strip()
+    claims = render.read_claims(ROOT / source)
+    assert table == render.verdict_table(claims)
+    stated = [entry["verdict"] for entry in json.loads((ROOT / source).read_text())]
+    assert [line.split(" | ")[1].strip("*") for line in table.splitlines()[2:]] == stated
+    assert len(stated) == len(CLAIMS)
+    figures = sorted(p.relative_to(ROOT) for p in (ROOT / render.RESULTS / "figures").glob("*.png"))
+    assert (ROOT / "docs" / "results.md").read_text() == render.results_page(claims, source, figures)
+
+
+def test_render_docs_writes_the_pages_of_a_run_and_refuses_bad_input(tmp_path: Path, monkeypatch) -> None:
+    """From a run folder: claims.json and figures copied, the table between the README's markers replaced and
+    the text around it kept. A folder without claims.json, or a README without the markers, is one error line
+    each (exit 2) and nothing is written."""
+    run = tmp_path / "run"
+    (run / "figures").mkdir(parents=True)
+    (run / "claims.json").write_bytes((ROOT / render.RESULTS / "claims.json").read_bytes())
+    (run / "figures" / "c1_resid_all.png").write_bytes(b"png")
+    root = tmp_path / "checkout"
+    root.mkdir()
+    monkeypatch.chdir(root)
+    (root / "README.md").write_text("intro\n")
+    proc = run_main("paper", "--render-docs", str(tmp_path / "nothing"))
+    assert proc.returncode == 2
+    assert proc.stderr.count("posleak: error:") == 2 and "no claims.json" in proc.stderr and "markers" in proc.stderr
+    assert sorted(p.name for p in root.iterdir()) == ["README.md"]
+    (root / "README.md").write_text(f"intro\n{render.BEGIN.format(source='old')}\nstale\n{render.END}\nafter\n")
+    proc = run_main("paper", "--render-docs", str(run))
+    assert proc.returncode == 0, proc.stderr
+    text = (root / "README.md").read_text()
+    assert text.startswith("intro\n") and text.endswith(f"{render.END}\nafter\n") and "stale" not in text
+    assert (root / render.RESULTS / "figures" / "c1_resid_all.png").read_bytes() == b"png"
+    assert "![c1_resid_all](results/figures/c1_resid_all.png)" in (root / "docs" / "results.md").read_text()

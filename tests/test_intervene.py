@@ -588,7 +588,9 @@ def test_real_model_next_token_scores_equal_transformers_loss(smollm2: LoadedMod
     result = analyze_model(smollm2.model, batch, config, loaded=smollm2, progress=False)
     nll, hits, loss = _eager_scores(smollm2.model, batch.ids)
     got_nll, got_hits = _scores(result.tokens, (2, 95))
-    assert result.tokens["nll"].mean() == pytest.approx(loss, abs=1e-5)
+    # posleak's attention kernel and eager round differently in float32 through 30 layers: 1e-5-size differences
+    # per token whose sign and size depend on the CPU's vector kernels (3.039154 against 3.039137 on CI's machine)
+    assert result.tokens["nll"].mean() == pytest.approx(loss, abs=1e-4)
     np.testing.assert_allclose(got_nll, nll.numpy(), atol=1e-4)
     assert (got_hits == hits.numpy()).mean() > 0.99  # a near-tie may flip between attention kernels
     assert got_hits.mean() == pytest.approx(hits.double().mean().item(), abs=0.02)

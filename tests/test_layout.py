@@ -1,7 +1,7 @@
-"""The package's floors: every module imports only its own floor or floors below, as the README's layout states.
+"""The package's floors: every module imports only its own floor or floors below, as docs/architecture.md states.
 
-The floor order is written once, in the table of the README's "Layout" section (top floor first); this test reads
-it from there, checks that it covers the tree exactly, and walks every import of every module, function-level
+The floor order is written once, in the table of docs/architecture.md's "Layout" section (top floor first); this
+test reads it from there, checks that it covers the tree exactly, and walks every import of every module, function-level
 imports included. It also holds the size limits that keep modules readable in an afternoon.
 """
 
@@ -17,9 +17,9 @@ MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 400
 
 
-def readme_floors(readme: str) -> list[tuple[str, list[str]]]:
-    """(floor, paths) from the README's layout table, bottom floor first."""
-    section = readme.split("\n## Layout", 1)[1].split("\n## ", 1)[0]
+def layout_floors(text: str) -> list[tuple[str, list[str]]]:
+    """(floor, paths) from the layout table of docs/architecture.md, bottom floor first."""
+    section = text.split("\n## Layout", 1)[1].split("\n## ", 1)[0]
     floors = []
     for line in section.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
@@ -66,7 +66,7 @@ def imported_modules(source: str, module: str, is_package: bool) -> list[tuple[i
 def upward_imports(path: str, source: str, floors: list[tuple[str, list[str]]]) -> list[str]:
     """Each import of the file `path` that reaches a floor above its own, as 'path:line: module (floor > floor)'."""
     own = floor_of(path, floors)
-    assert own is not None, f"{path} is on no floor of the README's layout"
+    assert own is not None, f"{path} is on no floor of the layout of docs/architecture.md"
     module = path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
     problems = []
     for line, target in imported_modules(source, module, path.endswith("__init__.py")):
@@ -81,19 +81,20 @@ def package_files() -> list[str]:
     return sorted(str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py"))
 
 
-FLOORS = readme_floors((ROOT / "README.md").read_text())
+FLOORS = layout_floors((ROOT / "docs" / "architecture.md").read_text())
 
 
-def test_the_readme_layout_covers_the_tree_exactly() -> None:
-    assert len(FLOORS) >= 10, "the README's layout table was not found"
+def test_the_layout_covers_the_tree_exactly() -> None:
+    assert len(FLOORS) >= 10, "the layout of docs/architecture.md table was not found"
     entries = [entry for _, paths in FLOORS for entry in paths]
     assert len(entries) == len(set(entries)), "a path is on two floors"
     missing = [entry for entry in entries if not (ROOT / entry).exists()]
-    assert not missing, f"the README's layout names paths that do not exist: {missing}"
+    assert not missing, f"the layout of docs/architecture.md names paths that do not exist: {missing}"
     unplaced = [path for path in package_files() if floor_of(path, FLOORS) is None]
-    assert not unplaced, f"modules on no floor of the README's layout: {unplaced}"
+    assert not unplaced, f"modules on no floor of the layout of docs/architecture.md: {unplaced}"
     folders = {str(p.relative_to(ROOT)) + "/" for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
-    assert folders <= set(entries), f"packages the README's layout does not name: {sorted(folders - set(entries))}"
+    unnamed = sorted(folders - set(entries))
+    assert not unnamed, f"packages the layout of docs/architecture.md does not name: {unnamed}"
 
 
 def test_no_module_imports_a_floor_above_its_own() -> None:

@@ -69,6 +69,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     paper.add_argument("--plan", metavar="PLAN.yaml", help="a plan file: per role the model, T and N; other sizes")
     paper.add_argument("--out", default="runs/paper", help="output folder (rerun to resume)")
+    paper.add_argument(
+        "--render-docs",
+        metavar="RUN",
+        help="run nothing: copy a finished reproduction's claims.json and figures into docs/results/ and write the "
+        "README's verdict table and docs/results.md from them (in the current folder, a checkout of posleak)",
+    )
     add_backend_options(paper, "analyses and lab trials")
     add_placement_options(paper, defaults=True)
     paper.set_defaults(handler=_paper)
@@ -286,6 +292,12 @@ def _paper(args: argparse.Namespace) -> int:
     from posleak.experiments.paper import FULL, QUICK, paper_plan, reproduce
     from posleak.experiments.paper.run import reproduction_problems
 
+    if args.render_docs:
+        from posleak.experiments.paper.render import render_docs
+
+        written = render_docs(Path(args.render_docs), Path.cwd())
+        print(f"wrote {', '.join(str(p.relative_to(Path.cwd())) for p in written)}", file=sys.stderr)
+        return 0
     start = dataclasses.replace(FULL if args.full else QUICK, placement=placement_from(args))
     plan, problems = paper_plan(start, args.models, args.plan)
     if problems:  # with every other problem of the run, before any work

@@ -110,9 +110,7 @@ def claim_lines(claim: Claim, limit: int = 2) -> list[str]:
         agreeing = int((deciding["says"] == SAYS[judgement.verdict]).sum())
         counts.append(f"{sample} {judgement.verdict}: {agreeing} of {len(deciding)} {SAYS[judgement.verdict]}")
     lines = [f"{claim.claim} {claim.verdict}: {claim.statement} [{'; '.join(counts)}]"]
-    chosen = [list(j.decided_by(limit)["evidence"]) for j in claim.samples.values()]
-    names = list(dict.fromkeys(name for turn in zip(*_padded(chosen), strict=True) for name in turn if name))
-    for name in names[:limit]:
+    for name in claim.deciding(limit):
         values, thresholds = [], []
         for sample, judgement in claim.samples.items():
             rows = judgement.evidence[judgement.evidence["evidence"] == name]
@@ -122,11 +120,6 @@ def claim_lines(claim: Claim, limit: int = 2) -> list[str]:
                 thresholds.append(e["threshold"])
         lines.append(f"    {name}: {'; '.join(values)}; criterion {thresholds[0]}")
     return lines
-
-
-def _padded(lists: Sequence[list[str]]) -> list[list[str]]:
-    longest = max((len(names) for names in lists), default=0)
-    return [names + [""] * (longest - len(names)) for names in lists]
 
 
 def paper_lines(claims: Sequence[Claim]) -> list[str]:

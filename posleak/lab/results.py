@@ -99,8 +99,8 @@ def _components_section(run: RunFolder, per_layer: pd.DataFrame, names: list[str
             ylabel="magnitude (nats)",
         )
         for column, title in (
-            ("mask_all", "Causal-mask component m(i), all queries"),
-            ("resid_all", "Residual-stream component r(i, d), all queries (noise-corrected)"),
+            ("mask_all", "Causal-mask component c(i), all queries (noise-corrected)"),
+            ("resid_all", "Residual-stream component w(i, d), all queries (noise-corrected)"),
         )
     ]
     return Section(

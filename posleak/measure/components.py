@@ -142,6 +142,8 @@ class _RangeMoments:
     row_row: torch.Tensor  # Σ_i R_n(i) R_m(i) / n_i
     row_prefix: torch.Tensor  # Σ_i R_n(i) Pc_m(i) / n_i
     prefix_prefix: torch.Tensor  # Σ_i Pc_n(i) Pc_m(i) / n_i
+    row_total: torch.Tensor  # (N, H): Σ_i R_n(i), the sum of the range's logits
+    reaching: torch.Tensor  # (W,): the range's pairs at offset d
 
 
 @dataclass
@@ -179,6 +181,8 @@ class Moments:
                 row_row=torch.einsum("nhi,mhi->hnm", r / n, r),
                 row_prefix=torch.einsum("nhi,mhi->hnm", r / n, pc),
                 prefix_prefix=torch.einsum("nhi,mhi->hnm", pc / n, pc),
+                row_total=r.sum(-1),
+                reaching=reaching,
             )
         return Moments(sums, columns, out)
 
@@ -194,7 +198,8 @@ class Moments:
         scaled = {x: w / w.sum(1, keepdim=True) for x, w in groups.items()}  # w_X / W_X (NaN for an empty half)
         g = torch.einsum("rn,nhd->rhd", scaled["all"], self.columns) / self.sums.offset_count
         c = {x: row_term(self.sums, w)[1] for x, w in groups.items()}  # each group's own g and rows
-        weighting = _Weighting(scaled, c, mask_component(g, self.sums), self.sums.sigmoid)
+        own_g = {x: torch.einsum("rn,nhd->rhd", w, self.columns) / self.sums.offset_count for x, w in scaled.items()}
+        weighting = _Weighting(scaled, own_g, c, mask_component(g, self.sums), self.sums.sigmoid)
         out = {}
         for name, moments in self.ranges.items():
             out |= weighting.range_magnitudes(name, moments)
@@ -206,9 +211,10 @@ class Moments:
 @dataclass
 class _Weighting:
     """R weightings of the sequences: per group X (all, a, b) the weights over their total, w_X / W_X (R, N), and
-    the row term c and count term m_count of each weighting (R, H, T); g and P are the whole weighting's."""
+    the row term c and count term m_count of each weighting (R, H, T)."""
 
     scaled: dict[str, torch.Tensor]
+    g: dict[str, torch.Tensor]  # each group's own g (R, H, W)
     c: dict[str, torch.Tensor]
     m_count: torch.Tensor
     sigmoid: bool
@@ -238,13 +244,21 @@ class _Weighting:
                 + quadratic(x, y, moments.prefix_prefix)
             )  # Σ_i n_i u_X u_Y (sigmoid attention: u ≡ 0)
             within = within * (not self.sigmoid)
+            centre = torch.zeros_like(within)
+            if self.sigmoid:  # w is not centred per row: take out its mean over the range's pairs (method §3)
+                centre = total(x) * total(y) / n
             return (
                 quadratic(x, y, moments.gram)
                 - quadratic(y, x, moments.columns)
                 - quadratic(x, y, moments.columns)
                 + quadratic(x, y, moments.prefix_sq)
                 - within
+                - centre
             )
+
+        def total(x: str) -> torch.Tensor:  # Σ over the range's pairs of w_X = Σ_i R̄_X(i) − Σ_d reach(d) g_X(d)
+            g = torch.where(moments.reaching > 0, self.g[x], 0.0)  # offsets no pair reaches have no g (NaN)
+            return self.scaled[x] @ moments.row_total - torch.einsum("rhd,d->rh", g, moments.reaching)
 
         return {
             f"mask_{name}": signed_root(covariance(self.c["a"], self.c["b"])),  # NaN for an empty half

@@ -9,8 +9,9 @@ Every magnitude is over single (i, d) pairs at every length; the table grid (`Me
 only the resolution at which profiles and offset maps are written. Choices made where the method leaves
 room (docs/method.md says the same):
 - A learned sink logit (gpt-oss) is a position-independent logit of the softmax denominator: it enters
-  log Z_i and m(i) = −log(Σ_d exp g(d) + exp sink), so purely relative logits give r ≡ 0 with a sink too.
-- Sigmoid attention does not normalise: log Z ≡ 0 and m ≡ 0, so r(i, d) = mean_n s − g(d).
+  log Z_i and m_count(i) = −log(Σ_d exp g(d) + exp sink); purely relative logits give w ≡ 0 with a sink too.
+- Sigmoid attention does not normalise: log Z ≡ 0, c ≡ m_count ≡ 0, so w(i, d) = mean_n s − g(d), and its
+  magnitude is taken about its mean over the range (it is not centred per row).
 - Halves for the noise correction are by input order: A the first ⌊N/2⌋, B the next ⌊N/2⌋; an odd last
   sequence is in neither. In a bootstrap resample each half is the resampled copies of its sequences.
 """

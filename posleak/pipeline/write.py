@@ -184,6 +184,9 @@ def report_sections(result: AnalysisResult, paths: dict[str, Path]) -> list[Sect
     summary = (
         f"Mean over layers: causal-mask magnitude **{per_layer['mask_all'].mean():.3g}** (all queries), "
         f"residual-stream magnitude **{per_layer['resid_all'].mean():.3g}** (noise-corrected). "
+        f"How much attention w moves (softmax of g + w against softmax of g, all queries): symmetrised KL "
+        f"**{per_layer['shift_kl_all'].mean():.3g}** nats, total variation **{per_layer['shift_tv_all'].mean():.3g}** "
+        "(means over layers of the noise-corrected shift, docs/method.md §7; no interval). "
         f"Position 0 closed system: {'holds' if closed['holds'] else 'VIOLATED'} "
         f"(largest relative spread {closed['max_rel_spread']:.2g} over {closed['groups']} group(s))."
     )
@@ -202,12 +205,13 @@ def report_sections(result: AnalysisResult, paths: dict[str, Path]) -> list[Sect
             summary
             + "\n\nMagnitudes are root-mean-square deviations over valid (query, offset) cells, docs/method.md §3; "
             "bands are bootstrap intervals over sequences.",
-            figures=[FigureBlock(paths["magnitudes"], "Causal-mask m(i) and residual-stream r(i, d) magnitudes.")],
+            figures=[FigureBlock(paths["magnitudes"], "Causal-mask c(i) and residual-stream w(i, d) magnitudes.")],
             tables=[TableBlock("Per layer", per_layer, source="per_layer.parquet")],
         ),
         Section(
             "Profiles",
-            "m(i) where the causal-mask component is largest; r(i, d) where the residual-stream one is.",
+            "c(i) and its count part m_count(i) where the causal-mask component is largest; w(i, d) where the "
+            "residual-stream one is.",
             figures=[FigureBlock(paths["profiles"]), FigureBlock(paths["offset_map"], "Offset-normalised map.")],
         ),
         Section(

@@ -80,17 +80,19 @@ def component_magnitudes(
     x = per_layer["layer"].to_numpy()
     for ax, span, label in zip(axes, ("early", "all"), range_labels, strict=True):
         _mark_sliding(ax, per_layer)
-        _line_with_band(ax, x, per_layer, f"mask_{span}", "causal mask m(i)", color=MASK_COLOR)
+        _line_with_band(ax, x, per_layer, f"mask_{span}", "causal mask c(i), noise-corrected", color=MASK_COLOR)
         _line_with_band(
-            ax, x, per_layer, f"resid_{span}", "residual stream r(i, d), noise-corrected", color=RESID_COLOR
+            ax, x, per_layer, f"resid_{span}", "residual stream w(i, d), noise-corrected", color=RESID_COLOR
         )
         ax.set_title(label)
         ax.set_xlabel("layer")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-    # Once, after both panels hold their data: the shared axis then autoscales its top over both.
-    axes[0].set_ylim(bottom=0)
-    axes[0].set_ylabel("magnitude: RMS about the mean (nats)")
+    # Once, after both panels hold their data: the shared axis autoscales over both. Not clipped at 0: the
+    # noise-corrected magnitudes are signed roots, and a component that is 0 gives estimates on both sides of it.
+    for ax in axes:
+        ax.axhline(0, color="0.5", linewidth=0.8)
+    axes[0].set_ylabel("magnitude: signed RMS about the mean (nats)")
     fig.suptitle(title)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=3, frameon=False)
     return _save(fig, path)

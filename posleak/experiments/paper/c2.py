@@ -15,10 +15,10 @@ from posleak.report import figures
 
 C2_CRITERION = (
     f"In every model, the causal-mask magnitude over early queries (1 ≤ i < K), averaged over layers, has a 95% "
-    f"interval above {MIN_MAGNITUDE} nats. Not consistent if it lies below in some model. (m(i) never rises with i "
-    "under a causal mask, by construction, so its direction is not evidence; its size is.) It is shown beside the "
-    "same magnitude on the same sequences with their tokens shuffled and circularly shifted, not judged against "
-    "them: the mask acts on every null alike (docs/method.md §14)."
+    f"interval above {MIN_MAGNITUDE} nats. Not consistent if it lies below in some model. (Its count part "
+    "m_count(i) never rises with i under a causal mask, by construction, so the direction is not evidence; the "
+    "size is.) It is shown beside the same magnitude on the same sequences with their tokens shuffled and "
+    "circularly shifted, not judged against them: the mask acts on every null alike (docs/method.md §14)."
 )
 
 
@@ -39,7 +39,12 @@ class C2(ClaimModule):
     statement = "The causal mask makes the softmax denominator depend on the query position."
     roles = ("standard", "large-base", "sliding")
     criterion = C2_CRITERION
-    method = "m(i) = −logsumexp over the offsets the mask admits of the relative part g(d) (docs/method.md §2)."
+    method = (
+        "The row term c(i): the mean over query i's valid keys of the mean log-attention minus the relative part "
+        "g(d), everything that is one number per query (the softmax normaliser against the row's own logits), "
+        "noise-corrected from two halves; its count part m_count(i) = −logsumexp over the offsets the mask admits "
+        "of g(d) beside it (docs/method.md §2–3)."
+    )
 
     def judge(self, runs: SampleRuns, sample: str) -> Judgement:
         return claim_c2(runs.baselines(), runs.baseline_nulls())

@@ -11,13 +11,14 @@ from posleak.experiments.evidence import Estimate, Says, percent_change
 from posleak.experiments.paper.claim import ClaimModule, quote
 from posleak.experiments.paper.plan import SHOWN
 from posleak.experiments.paper.reproduction import SampleRuns
-from posleak.experiments.paper.verdict import EVIDENCE_COLUMNS, Judgement, judge
+from posleak.experiments.paper.verdict import EVIDENCE_COLUMNS, Judgement, Rule, judge
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
 
 PAPER_BOS_REMOVED = 40.0  # the paper's "about 40%" of the early residual-stream component
 BOS_TOLERANCE = 20.0  # points either side of the paper's figure that still count as meeting it
 BOS_BAND = (PAPER_BOS_REMOVED - BOS_TOLERANCE, PAPER_BOS_REMOVED + BOS_TOLERANCE)
+RULE: Rule = "any"  # the claim holds if some replacement does what the paper reports
 
 C5_CRITERION = (
     f"removed = −(% change of the early residual-stream magnitude, mean over layers). Consistent if for at least "
@@ -50,7 +51,7 @@ def claim_c5(changes: Mapping[str, Estimate]) -> Judgement:
                 )
             )
         )
-    return judge(rows, rule="any")
+    return judge(rows, rule=RULE)
 
 
 def removed_by_layer(base: AnalysisResult, new: AnalysisResult) -> pd.DataFrame:
@@ -69,6 +70,7 @@ def removed_by_layer(base: AnalysisResult, new: AnalysisResult) -> pd.DataFrame:
 
 class C5(ClaimModule):
     name = "C5"
+    rule = RULE
     statement = (
         f"Replacing the BOS embedding removes about {PAPER_BOS_REMOVED:g}% of the residual-stream component at "
         "early queries."

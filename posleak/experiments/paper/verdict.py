@@ -78,6 +78,13 @@ class Claim:
     def verdict(self) -> Verdict:
         return replicated([judgement.verdict for judgement in self.samples.values()])
 
+    def deciding(self, limit: int = 2) -> list[str]:
+        """The names of the rows that decided the verdict, at most `limit`: each sample's `decided_by`, in turn."""
+        chosen = [list(j.decided_by(limit)["evidence"]) for j in self.samples.values()]
+        longest = max((len(names) for names in chosen), default=0)
+        turns = zip(*(names + [""] * (longest - len(names)) for names in chosen), strict=True)
+        return list(dict.fromkeys(name for turn in turns for name in turn if name))[:limit]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "claim": self.claim,

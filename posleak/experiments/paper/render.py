@@ -1,0 +1,138 @@
+"""The repository's pages of a reproduction, generated from its files: the README's verdict table and
+docs/results.md (`posleak paper --render-docs RUN`).
+
+A reproduction's claims.json and figures are copied into `docs/results/`; the verdict table between the README's
+two markers and the whole of docs/results.md are written from that copy alone, so that a test can render them
+again from the claims.json the README names and find them equal. Nothing in either is typed by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from posleak.errors import BadInput
+from posleak.experiments.paper.claim import ClaimModule
+from posleak.experiments.paper.run import CLAIMS
+from posleak.experiments.paper.verdict import SAYS, Claim, Judgement, quoted
+from posleak.store import atomic_write
+
+RESULTS = Path("docs") / "results"
+BEGIN = "<!-- verdicts: generated from {source} by `posleak paper --render-docs`; do not edit -->"
+END = "<!-- end of verdicts -->"
+
+
+def _write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda file: file.write(text.encode()))
+
+
+def read_claims(path: Path) -> list[Claim]:
+    """The claims of a claims.json, each with its module's statement and rule (the file keeps neither)."""
+    modules: dict[str, type[ClaimModule]] = {module.name: module for module in CLAIMS}
+    claims = []
+    for entry in json.loads(path.read_text()):
+        module = modules[entry["claim"]]
+        samples = {
+            name: Judgement(sample["verdict"], pd.DataFrame(sample["evidence"]).fillna(float("nan")), module.rule)
+            for name, sample in entry["samples"].items()
+        }
+        claims.append(Claim(entry["claim"], module.statement, entry["criterion"], samples, method=""))
+    return claims
+
+
+def _rows(claim: Claim, names: Sequence[str]) -> str:
+    """The named rows as `name: A value (interval) [B: value (interval)]`, joined for a table cell."""
+    parts = []
+    for name in names:
+        values = []
+        for sample, judgement in claim.samples.items():
+            rows = judgement.evidence[judgement.evidence["evidence"] == name]
+            if not rows.empty:
+                e = rows.iloc[0]
+                mark = "" if e["says"] == SAYS[judgement.verdict] else f", {e['says']}"
+                values.append(f"{sample}: {quoted(e)}{mark}")
+        parts.append(f"{name}: {'; '.join(values)}")
+    return "<br>".join(parts).replace("|", "\\|")
+
+
+def verdict_table(claims: Sequence[Claim]) -> str:
+    """One row per claim: the verdict, each sample's, and the one or two rows that decided it in both samples."""
+    lines = ["| claim | verdict | samples | what decided it |", "|---|---|---|---|"]
+    for claim in claims:
+        samples = ", ".join(f"{name} {j.verdict}" for name, j in claim.samples.items())
+        lines.append(
+            f"| {claim.claim}: {claim.statement} | **{claim.verdict}** | {samples} | {_rows(claim, claim.deciding())} |"
+        )
+    return "\n".join(lines)
+
+
+def _evidence(judgement: Judgement) -> str:
+    lines = ["| evidence | value | 95% interval | threshold | says | deciding |", "|---|---|---|---|---|---|"]
+    for _, e in judgement.evidence.iterrows():
+        interval = "exact" if pd.isna(e["lo"]) else f"{e['lo']:.3g} to {e['hi']:.3g}"
+        unit = f" {e['unit']}" if e["unit"] else ""
+        cells = [
+            e["evidence"],
+            f"{e['value']:.4g}{unit}",
+            interval,
+            e["threshold"],
+            e["says"],
+            "yes" if e["deciding"] else "reported",
+        ]
+        lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def results_page(claims: Sequence[Claim], source: Path, figures: Sequence[Path]) -> str:
+    """docs/results.md: every claim's criterion, verdicts and full evidence in both samples, and its figures."""
+    out = [
+        "# What the reproduction found",
+        "",
+        f"Generated from [{source.name}]({source.relative_to('docs')}) by `posleak paper --render-docs`; do not edit. "
+        "Each claim is judged on two disjoint samples (A and B) by the criterion written in its module before the "
+        "data (method.md §13); it is consistent, or not, only where both samples agree.",
+        "",
+        verdict_table(claims),
+    ]
+    for claim in claims:
+        out += ["", f"## {claim.claim}: {claim.statement}", "", f"**Criterion.** {claim.criterion}", ""]
+        out += [f"**Verdict: {claim.verdict}** ({', '.join(f'{s} {j.verdict}' for s, j in claim.samples.items())})."]
+        for name, judgement in claim.samples.items():
+            out += ["", f"Sample {name}:", "", _evidence(judgement)]
+        for figure in (f for f in figures if f.name.startswith(f"{claim.claim.lower()}_")):
+            out += ["", f"![{figure.stem}]({figure.relative_to('docs')})"]
+    return "\n".join(out) + "\n"
+
+
+def render_docs(run: Path, root: Path) -> list[Path]:
+    """Copy `run`'s claims.json and figures into root/docs/results, then write the README's table and
+    docs/results.md from the copy; returns the files written. Refuses, writing nothing, a run without claims.json
+    or a README without the two markers."""
+    readme = root / "README.md"
+    text = readme.read_text() if readme.is_file() else ""
+    problems = (
+        [f"{run}: no claims.json (a folder written by posleak paper)"] if not (run / "claims.json").is_file() else []
+    )
+    start = text.find(BEGIN.split("{source}")[0])
+    if start < 0 or END not in text[start:]:
+        problems.append(f"{readme}: no verdict table markers ({BEGIN.format(source='…')} … {END})")
+    if problems:
+        raise BadInput(problems)
+    results = root / RESULTS
+    (results / "figures").mkdir(parents=True, exist_ok=True)
+    if (run / "claims.json").resolve() != (results / "claims.json").resolve():
+        shutil.copyfile(run / "claims.json", results / "claims.json")
+        for figure in sorted((run / "figures").glob("*.png")):
+            shutil.copyfile(figure, results / "figures" / figure.name)
+    source = RESULTS / "claims.json"
+    claims = read_claims(root / source)
+    figures = sorted(p.relative_to(root) for p in (results / "figures").glob("*.png"))
+    _write_text(root / "docs" / "results.md", results_page(claims, source, figures))
+    end = text.index(END, start)
+    table = f"{BEGIN.format(source=source)}\n{verdict_table(claims)}\n"
+    _write_text(readme, text[:start] + table + text[end:])
+    return [readme, root / "docs" / "results.md", results / "claims.json"]
