@@ -17,7 +17,7 @@ EARLY = 12
 def token_batch(ids: torch.Tensor) -> TokenBatch:
     return TokenBatch(
         ids=ids,
-        bos_policy="verbatim",
+        bos="verbatim",
         bos_id=None,
         pos0_token_ids=ids[:, 0].clone(),
         source="test",

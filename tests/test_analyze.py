@@ -34,7 +34,7 @@ TOLERANCE = 1e-5
 def _batch(ids: torch.Tensor) -> TokenBatch:
     return TokenBatch(
         ids=ids,
-        bos_policy="verbatim",
+        bos="verbatim",
         bos_id=None,
         pos0_token_ids=ids[:, 0].clone(),
         source="test",

@@ -20,7 +20,8 @@ from tiny import tiny_model
 
 from posleak.capture import use_posleak_attention
 from posleak.data.batches import TokenBatch
-from posleak.data.nulls import NULLS, make_null
+from posleak.data.kinds import NULLS
+from posleak.data.nulls import make_null
 from posleak.experiments.evidence import Estimate, layer_mean
 from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model
 

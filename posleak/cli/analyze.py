@@ -14,6 +14,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from posleak.data.kinds import BOS_POLICIES, GRIDS, NULLS
 from posleak.device import DEVICE_MAPS, DEVICES, DTYPES, Placement
 from posleak.runner import BACKENDS
 from posleak.store.jsonfile import dumps
@@ -80,7 +81,7 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=unset, help="sequence length T")
     parser.add_argument("--num-seqs", type=int, default=unset, help="number of sequences N")
     parser.add_argument("--batch-size", type=int, default=unset, help="sequences per forward pass")
-    parser.add_argument("--bos", choices=["auto", "on", "off"], default=unset, help="BOS at position 0")
+    parser.add_argument("--bos", choices=BOS_POLICIES, default=unset, help="BOS at position 0")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--corpus", default=unset, help="stdlib | bible-web | FILE.txt | FOLDER | FILE.jsonl[:field]")
     source.add_argument("--tokens", default=unset, help="a .npy file of token ids (N×T), taken verbatim")
@@ -89,7 +90,7 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--grid",
-        choices=["coarse", "exact"],
+        choices=GRIDS,
         default=unset,
         help="resolution of the profile and offset-map tables (exact: one cell per pair, T ≤ 256); "
         "magnitudes are over single pairs whatever the grid",
@@ -116,7 +117,7 @@ def add_null_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("nulls (docs/method.md §14)")
     group.add_argument(
         "--null",
-        choices=["shift", "shuffle"],
+        choices=NULLS,
         default=unset,
         help="analyse the same sequences with each row's tokens circularly shifted or shuffled (a BOS stays at 0)",
     )

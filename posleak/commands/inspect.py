@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from posleak.data.batches import BOS_POLICIES, pos0_token
+from posleak.data.batches import pos0_token
 from posleak.data.corpus import DEFAULT_CORPUS
+from posleak.data.kinds import BOS_POLICIES
 from posleak.device import Placement
 from posleak.errors import BadInput, PosleakError
 from posleak.models.load import load_model

@@ -7,8 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from posleak.data.batches import BOS_POLICIES
-from posleak.data.nulls import NULLS
+from posleak.data.kinds import BOS_POLICIES, GRIDS, NULLS, BosPolicy, GridKind, NullKind
 from posleak.device import Placement, budget_problems
 from posleak.intervene import Interventions
 from posleak.measure import Grid
@@ -28,11 +27,11 @@ class AnalyzeConfig:
     seq_len: int = 256
     num_seqs: int = 16
     batch_size: int = 4
-    bos: str = "auto"
+    bos: BosPolicy = "auto"
     corpus: str = "stdlib"
     tokens: str | None = None  # a .npy file of token ids (N×T), taken verbatim instead of the corpus
     cross_documents: bool = False
-    grid: str = "coarse"
+    grid: GridKind = "coarse"
     early: int = 32
     seed: int = 0
     bootstrap: int = 200
@@ -49,7 +48,7 @@ class AnalyzeConfig:
     measure_budget: str = "auto"
     # The analysis of a null of the sequences instead of the sequences (posleak.data.nulls, docs/method.md §14):
     # "shift" or "shuffle", drawn with `null_seed`; None analyses the sequences as they are.
-    null: str | None = None
+    null: NullKind | None = None
     null_seed: int = 0
 
     @property
@@ -90,8 +89,8 @@ class AnalyzeConfig:
             found.append(f"unknown --bos {self.bos!r}; use one of {', '.join(BOS_POLICIES)}")
         found += budget_problems(self.measure_budget)
         found += self.null_problems()
-        if self.grid not in ("coarse", "exact"):
-            found.append(f"unknown --grid {self.grid!r}; use coarse or exact")
+        if self.grid not in GRIDS:
+            found.append(f"unknown --grid {self.grid!r}; use {' or '.join(GRIDS)}")
         if self.grid == "exact" and seq_len > EXACT_TABLES_UP_TO:
             found.append(
                 f"--grid exact writes one table row per (query, offset) pair and head, too many at T = {seq_len}; "
@@ -114,4 +113,4 @@ class AnalyzeConfig:
 def tables_grid(config: AnalyzeConfig, seq_len: int) -> Grid:
     """The grid the profile and offset-map tables are written on (T ≤ EXACT_TABLES_UP_TO for the exact grid,
     `AnalyzeConfig.problems`); the magnitudes never depend on it."""
-    return Grid(seq_len, "exact" if config.grid == "exact" else "coarse")
+    return Grid(seq_len, config.grid)

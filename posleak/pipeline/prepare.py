@@ -199,12 +199,12 @@ def sequences_for(loaded: LoadedModel, config: AnalyzeConfig) -> TokenBatch:
             loaded.tokenizer,
             config.seq_len,
             config.num_seqs,
-            bos=config.bos,  # type: ignore[arg-type]
+            bos=config.bos,
             seed=config.seed,
             cross_documents=config.cross_documents,
             max_len=max_len,
         )
-    return batch if config.null is None else make_null(batch, config.null, config.null_seed)  # type: ignore[arg-type]
+    return batch if config.null is None else make_null(batch, config.null, config.null_seed)
 
 
 def run_args(model_id: str, loaded: LoadedModel | None, batch: TokenBatch, config: AnalyzeConfig) -> dict[str, Any]:

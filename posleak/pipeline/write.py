@@ -104,17 +104,12 @@ def run_manifest(
             "block-wise where soft-capped or on other devices); logits formed again in float64 from the captured "
             "q and k (float32 copies) for the measurement"
         ),
-        bos_policy=batch.bos_policy,
+        data=batch.provenance(),
         position0_tokens=_position0_tokens(batch, tokenizer),
-        seq_len=batch.seq_len,
-        num_seqs=batch.num_seqs,
-        corpus=config.tokens or config.corpus,
-        seed=config.seed,
         grid=decomposition.grid.describe(),
         interventions=[interventions] if interventions else [],
         timings=timings,
     )
-    manifest["data"] |= batch.provenance()
     manifest["measurement"] = decomposition.describe()
     manifest["early"] = config.early
     manifest["placement"] = {
