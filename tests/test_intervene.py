@@ -22,7 +22,7 @@ from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
 from posleak.intervene import Interventions
 from posleak.intervene.embedding import mean_embedding
-from posleak.intervene.spec import parse_heads
+from posleak.intervene.heads import parse_heads
 from posleak.measure import LAYER_MAGNITUDES, behaviour, measured_magnitudes
 from posleak.measure.behaviour import behaviour_table
 from posleak.measure.bootstrap import resample_weights

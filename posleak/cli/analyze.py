@@ -1,8 +1,9 @@
 """`posleak inspect`, `analyze`, `intervene`, `batch`, `compare` and `paper`: the measurement commands.
 
 The parsers import nothing heavy (torch, transformers, pandas take seconds): options that mirror a field of
-`AnalyzeConfig` or `Interventions` have no argparse default (`argparse.SUPPRESS`), so the dataclass's own
-default applies and is written in one place; the handlers import what they run.
+`AnalyzeConfig` or an intervention's option (posleak.intervene.registry, which makes those options) have no
+argparse default (`argparse.SUPPRESS`), so the default of the field or option applies and is written in one place;
+the handlers import what they run.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from posleak.data.kinds import BOS_POLICIES, GRIDS, NULLS
 from posleak.device import DEVICE_MAPS, DEVICES, DTYPES, Placement
+from posleak.intervene.registry import option_defaults, registered_options
 from posleak.runner import BACKENDS
 from posleak.store.jsonfile import dumps
 
@@ -162,37 +165,35 @@ def placement_from(args: argparse.Namespace) -> Placement:
 
 
 def add_intervention_options(parser: argparse.ArgumentParser) -> None:
-    unset = argparse.SUPPRESS
+    """One option for each registered intervention's options (posleak.intervene.registry), in its order."""
     group = parser.add_argument_group("interventions (docs/method.md §9)")
-    group.add_argument("--replace-bos", default=unset, metavar="mean|random|zero|token:TEXT")
-    group.add_argument("--patch-pos0", default=unset, metavar="SOURCE", help="TEXT of one token, or id:N")
-    group.add_argument("--patch-layers", default=unset, metavar="L..", help="resid indices: all | L | A..B | L,L")
-    group.add_argument("--ablate-sink-values", default=unset, metavar="auto|L.H,...")
-    group.add_argument("--ablate-mode", choices=["zero", "mean"], default=unset, help="what replaces an ablated value")
-    group.add_argument(
-        "--patch-kv0", default=unset, metavar="SOURCE", help="key 0's key and value in --kv0-heads from this token"
-    )
-    group.add_argument("--kv0-heads", default=unset, metavar="auto|L.H,...", help="the heads --patch-kv0 patches")
-    group.add_argument("--rope-scaling", default=unset, metavar="ntk:K|linear:K|dynamic:K|yarn:K")
-    group.add_argument("--window", default=unset, metavar="W|global")
+    for option in registered_options():
+        if option.flag:
+            group.add_argument(
+                option.flag_name,
+                default=argparse.SUPPRESS,
+                metavar=None if option.choices else option.metavar,
+                choices=option.choices,
+                help=option.help,
+            )
 
 
-def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
-    """The options given on the command line that are fields of the dataclass `cls`."""
-    names = {f.name for f in fields(cls)}
-    return {name: value for name, value in vars(args).items() if name in names}
+def given(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
+    """The options given on the command line among `names`."""
+    wanted = set(names)
+    return {name: value for name, value in vars(args).items() if name in wanted}
 
 
 def interventions_from(args: argparse.Namespace) -> Interventions:
     from posleak.intervene import Interventions
 
-    return Interventions(**given(args, Interventions))
+    return Interventions(**given(args, option_defaults()))
 
 
 def config_from(args: argparse.Namespace, interventions: Interventions) -> AnalyzeConfig:
     from posleak.pipeline import AnalyzeConfig
 
-    return AnalyzeConfig(**{**given(args, AnalyzeConfig), "interventions": interventions})
+    return AnalyzeConfig(**{**given(args, (f.name for f in fields(AnalyzeConfig))), "interventions": interventions})
 
 
 def _inspect(args: argparse.Namespace) -> int:

@@ -39,6 +39,7 @@ from posleak.device import Placement
 from posleak.errors import BadInput, PosleakError
 from posleak.experiments.compare import compare_runs
 from posleak.intervene import Interventions
+from posleak.intervene.registry import option_defaults
 from posleak.models.load import LoadedModel
 from posleak.pipeline import (
     AnalysisResult,
@@ -56,7 +57,9 @@ from posleak.store.specfile import SpecFormat, grid_options
 from posleak.validate import Problems, out_folder_problems
 
 CONFIG_KEYS = frozenset(f.name for f in fields(AnalyzeConfig)) - {"interventions"}
-INTERVENTION_KEYS = frozenset(f.name for f in fields(Interventions))
+INTERVENTION_KEYS = frozenset(option_defaults())
+# A loaded model's spec, the options of its load-time interventions and its placement (`load_key`)
+LoadKey = tuple[str, tuple[tuple[str, Any], ...], Placement]
 BATCH_FILE = SpecFormat(
     kind="batch file",
     short="batch",
@@ -74,7 +77,7 @@ class ModelCache:
 
     def __init__(self, size: int = 2) -> None:
         self.size = size
-        self._models: dict[tuple[str, str | None, Placement], LoadedModel] = {}
+        self._models: dict[LoadKey, LoadedModel] = {}
 
     def get(self, spec: str, interventions: Interventions, placement: Placement) -> LoadedModel:
         key = load_key(spec, interventions, placement)
@@ -87,10 +90,10 @@ class ModelCache:
         return loaded
 
 
-def load_key(spec: str, interventions: Interventions, placement: Placement) -> tuple[str, str | None, Placement]:
-    """What tells one loaded model from another: the spec, the RoPE scaling (the only intervention that changes
-    what is loaded) and the placement."""
-    return spec, interventions.rope_scaling, placement
+def load_key(spec: str, interventions: Interventions, placement: Placement) -> LoadKey:
+    """What tells one loaded model from another: the spec, the interventions that change what is loaded (RoPE
+    scaling) and the placement."""
+    return spec, interventions.at_load(), placement
 
 
 @dataclass(frozen=True)

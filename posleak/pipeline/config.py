@@ -59,7 +59,8 @@ class AnalyzeConfig:
         """The options a run's resume fingerprint covers: every one but `measure_budget`, which changes where the
         captures wait and no number, so a killed run resumes under another budget. Without a null the null's
         options are left out, so that the run folders written before nulls existed keep their fingerprint."""
-        options = dataclasses.asdict(self)
+        options = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        options["interventions"] = self.interventions.to_dict()
         del options["measure_budget"]
         if self.null is None:
             del options["null"], options["null_seed"]

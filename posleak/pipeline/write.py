@@ -88,13 +88,7 @@ def run_manifest(
     timings: dict[str, float],
 ) -> dict[str, Any]:
     """The run's manifest: provenance, the data, the measurement, where the model ran, the closed system."""
-    interventions = config.interventions.describe()
-    if sink_heads is not None:  # the heads an `auto` chose, under the name of what was done to them
-        chosen = {str(k): list(v) for k, v in sink_heads.items() if v}
-        if config.interventions.ablate_sink_values == "auto":
-            interventions["sink_heads_ablated"] = chosen
-        if config.interventions.patch_kv0 is not None and config.interventions.kv0_heads == "auto":
-            interventions["sink_heads_kv0_patched"] = chosen
+    interventions = config.interventions.describe(sink_heads)
     manifest = provenance(
         model_id=model_id,
         model_hash=loaded.file_hash if loaded is not None else None,
