@@ -12,17 +12,19 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from cli import file_stamps, run_main, strict_json_files
+from cli import assert_one_line_error, file_stamps, run_main, strict_json_files
 from tiny import FAMILIES, SINK_T, WINDOW, sink_ids, sink_model, sink_scores, tiny_model, tiny_tokenizer
-from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from posleak.capture import AttentionEdits, CaptureSession, ResidualCapture, use_posleak_attention
 from posleak.commands.intervene import effect_table, intervene
 from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
 from posleak.intervene import Interventions
+from posleak.intervene.base import Intervention, Option, SinkHeads, Values
 from posleak.intervene.embedding import mean_embedding
 from posleak.intervene.heads import parse_heads
+from posleak.intervene.registry import REGISTRY
 from posleak.measure import LAYER_MAGNITUDES, behaviour, measured_magnitudes
 from posleak.measure.behaviour import behaviour_table
 from posleak.measure.bootstrap import resample_weights
@@ -660,3 +662,57 @@ def test_behaviour_intervals_are_the_paired_resamples_of_sequences(shift: int) -
             assert row["change"] == pytest.approx(v_cell.mean() - b_cell.mean(), rel=1e-12, abs=1e-12)
             assert row["change_lo"] == pytest.approx(np.percentile(changes, 2.5), rel=1e-9, abs=1e-12)
             assert row["change_hi"] == pytest.approx(np.percentile(changes, 97.5), rel=1e-9, abs=1e-12)
+
+
+# ------------------------------------------------------------------------------- a new intervention, registered
+
+
+class ScaleOutputs(Intervention):
+    """A toy intervention, whole in one class as a new module would hold it: every attention output scaled by K."""
+
+    name = "scale_outputs"
+    options = (Option("scale_outputs", metavar="K", help="multiply every attention output by K > 0"),)
+
+    def problems(self, values: Values, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
+        spec = values["scale_outputs"]
+        try:
+            good = spec is None or float(spec) > 0
+        except ValueError:
+            good = False
+        return [] if good else [f"bad --scale-outputs {spec!r}; use a factor K > 0"]
+
+    def edit_attention(
+        self,
+        values: Values,
+        edits: AttentionEdits,
+        sink_heads: SinkHeads | None,
+        model: PreTrainedModel | None,
+        tokenizer: PreTrainedTokenizerBase | None,
+    ) -> None:
+        factor = float(values["scale_outputs"])
+        edits.output_edits = (*edits.output_edits, lambda call: call.output * factor)
+
+
+def test_a_registered_intervention_reaches_the_command_line_its_checks_the_manifest_and_the_model(
+    tmp_path: Path, checkpoint: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Adding an intervention is one class registered by name: `posleak intervene` then offers its option, refuses
+    its bad values like any other's, records it in the manifest and installs it, so that the model's predictions
+    and the magnitudes change."""
+    monkeypatch.setitem(REGISTRY, ScaleOutputs.name, ScaleOutputs())
+    folder, corpus = checkpoint
+    args = ("intervene", str(folder), "--corpus", str(corpus), "--seq-len", "24", "--num-seqs", "4",
+            "--bootstrap", "20")  # fmt: skip
+    assert "--scale-outputs K" in run_main("intervene", "-h").stdout
+    assert_one_line_error(run_main(*args, "--scale-outputs", "-1", "--out", str(tmp_path / "bad")), "--scale-outputs")
+    assert not (tmp_path / "bad").exists()
+
+    out = tmp_path / "run"
+    proc = run_main(*args, "--scale-outputs", "0.5", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((out / "manifest.json").read_text())["interventions"] == {"scale_outputs": "0.5"}
+    base, new = (pd.read_parquet(out / name / "tokens.parquet") for name in ("baseline", "intervened"))
+    assert (base["nll"] - new["nll"]).abs().max() > 1e-3  # the model's own predictions changed
+    _assert_effect_file_matches_the_runs(out)
+    effect = pd.read_parquet(out / "effect.parquet").query("layer == -1").set_index("measure")
+    assert effect.loc["resid_all", "pct_change"] != 0
