@@ -733,7 +733,7 @@ def test_a_plan_file_sets_each_role_and_the_plan_s_sizes(tmp_path: Path) -> None
     plan, problems = paper_plan(QUICK, "bos=smollm2-135m", path)
     assert problems == []
     assert plan.size("standard") == (128, 6) and plan.size("bos") == (128, 6)  # bos follows the standard size
-    assert plan.size("sliding") == (1024, QUICK.gemma_num_seqs) and plan.size("large-base") == QUICK.size("large-base")
+    assert plan.size("sliding") == (1024, QUICK.sliding_num_seqs) and plan.size("large-base") == QUICK.size("large-base")
     assert (plan.ntk_factors, plan.bootstrap, plan.lab_seeds) == ((2.0, 8.0), 50, (3,))
     assert plan.roles["bos"].folder == "smollm2-135m-bos" and plan.roles["sliding"] == ROLES["sliding"]
     path.write_text("roles:\n  nosuch: x\n  standard: {seq_len: -1}\nbase: {bootstrap: many, ntk_factors: []}\n")

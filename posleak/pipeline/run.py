@@ -35,7 +35,7 @@ from posleak.device import CPU_BUDGET_BYTES, measure_budget, sums_device
 from posleak.errors import BadInput, PosleakError
 from posleak.measure import Decomposition, LayerResult, MeasureSpec, measure_layer
 from posleak.measure.behaviour import next_token_scores, token_table
-from posleak.models.facts import head_dims
+from posleak.models.facts import ModelFacts
 from posleak.models.load import LoadedModel
 from posleak.pipeline.config import AnalyzeConfig, tables_grid
 from posleak.pipeline.prepare import run_args
@@ -177,12 +177,9 @@ def _captures(run: RunFolder | None, model: PreTrainedModel, batch: TokenBatch, 
 
 def capture_bytes(model: PreTrainedModel, batch: TokenBatch) -> int:
     """What the captures of `batch` take: per layer and sequence, q, distinct keys and log Z in float32."""
-    config = model.config.get_text_config(decoder=True)
-    heads = config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    dim = max(head_dims(config))
-    per_layer = batch.num_seqs * batch.seq_len * ((heads + kv) * dim + heads) * 4
-    return per_layer * config.num_hidden_layers
+    facts = ModelFacts.from_config(model.config)
+    per_layer = batch.num_seqs * batch.seq_len * ((facts.heads + facts.kv_heads) * facts.head_dim + facts.heads) * 4
+    return per_layer * facts.layers
 
 
 def _capture(
@@ -211,7 +208,7 @@ def _capture(
         disable=not progress,
     )
     recorder = QKRecorder(captures)
-    layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    layers = ModelFacts.from_config(model.config).layers
     accumulators = [recorder, *([measurer] if measurer is not None else []), LayerProgress(bar, layers)]
     if measurer is not None:
         measurer.facts, recorder.skip = recorder.facts, frozenset(measurer.saved)
@@ -272,7 +269,7 @@ def _capture_and_measure(
     order and the seconds spent measuring. Layers measured before a kill are read back, neither kept nor
     measured again. With one batch, every layer's window (the spec's range "beyond") is known only once its
     forward has passed the last layer, so each layer is measured right after that forward instead of during it."""
-    layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    layers = ModelFacts.from_config(model.config).layers
     saved = {layer: run.load_partial(f"layer{layer}") if run is not None else None for layer in range(layers)}
     measurer = InForwardMeasure(captures, batch, config, run, {k: v for k, v in saved.items() if v is not None})
     sink_heads = _capture(model, batch, config, captures, tokenizer, model_id, progress, measurer)
