@@ -31,11 +31,11 @@ def analyze_recorded(
 ) -> tuple[AnalysisResult, LogitRecorder]:
     """`analyze_model` on `ids` (the default path) with the reference recording every attention call."""
     model = use_posleak_attention(model)
-    config = AnalyzeConfig(
+    config = AnalyzeConfig.of(
         seq_len=ids.shape[1], num_seqs=ids.shape[0], batch_size=batch_size, grid=grid, early=EARLY, bootstrap=bootstrap
     )
     with LogitRecorder(model) as recorder:
-        result = analyze_model(model, token_batch(ids), config, model_id="tiny", progress=False)
+        result = analyze_model(model, token_batch(ids), config.analysis, model_id="tiny", progress=False)
     # the instrumented path ran: the recorder wrapped posleak's own function, once per layer and batch
     assert recorder.previous == "posleak"
     layers = model.config.num_hidden_layers

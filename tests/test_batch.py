@@ -4,7 +4,6 @@ one comparison."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -42,7 +41,7 @@ def _spec(folder: Path, corpus: Path) -> dict:
 
 def _alone(folder: Path, corpus: Path, rope_scaling: str | None, out: Path) -> RunFolder:
     """The same analysis run on its own by `analyze`: what each batch run must equal."""
-    config = AnalyzeConfig(
+    config = AnalyzeConfig.of(
         seq_len=48,
         num_seqs=4,
         batch_size=2,
@@ -103,13 +102,13 @@ def test_local_analyses_load_each_model_once_and_come_back_in_the_order_asked(
 
     real_load = batch.load_for
     monkeypatch.setattr(batch, "load_for", counted)
-    base = AnalyzeConfig(seq_len=48, num_seqs=4, batch_size=2, corpus=str(corpus), bootstrap=20)
+    base = AnalyzeConfig.of(seq_len=48, num_seqs=4, batch_size=2, corpus=str(corpus), bootstrap=20)
     asked = [
         (folder, base),
         (other, base),
-        (folder, dataclasses.replace(base, interventions=Interventions(rope_scaling="ntk:4"))),
-        (other, dataclasses.replace(base, seed=1)),
-        (folder, dataclasses.replace(base, seed=1)),
+        (folder, base.replace(interventions=Interventions(rope_scaling="ntk:4"))),
+        (other, base.replace(seed=1)),
+        (folder, base.replace(seed=1)),
     ]
     jobs = [AnalysisJob(f"job{k}", str(model), config, tmp_path / f"job{k}") for k, (model, config) in enumerate(asked)]
     results = run_analyses(jobs, progress=False)
@@ -119,7 +118,7 @@ def test_local_analyses_load_each_model_once_and_come_back_in_the_order_asked(
         args = result.run.read_manifest()["args"]
         assert args["model"] == str(model)
         assert (args["config"]["seed"], args["config"]["interventions"]["rope_scaling"]) == (
-            config.seed,
+            config.recipe.seed,
             config.interventions.rope_scaling,
         )
 

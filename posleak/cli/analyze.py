@@ -12,7 +12,6 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Iterable
-from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -193,7 +192,7 @@ def interventions_from(args: argparse.Namespace) -> Interventions:
 def config_from(args: argparse.Namespace, interventions: Interventions) -> AnalyzeConfig:
     from posleak.pipeline import AnalyzeConfig
 
-    return AnalyzeConfig(**{**given(args, (f.name for f in fields(AnalyzeConfig))), "interventions": interventions})
+    return AnalyzeConfig.of(**given(args, AnalyzeConfig.OPTIONS), interventions=interventions)
 
 
 def _inspect(args: argparse.Namespace) -> int:

@@ -12,10 +12,11 @@ from typing import Any
 from posleak.data.batches import pos0_token
 from posleak.data.corpus import DEFAULT_CORPUS
 from posleak.data.kinds import BOS_POLICIES
+from posleak.data.recipe import Recipe
 from posleak.device import Placement
 from posleak.errors import BadInput, PosleakError
 from posleak.models.load import load_model
-from posleak.pipeline import AnalyzeConfig, attention_stats, sequences_for
+from posleak.pipeline import attention_stats, sequences_for
 
 
 def inspect_model(
@@ -45,7 +46,7 @@ def inspect_model(
         position0[policy] = (
             {"id": token, "text": tokenizer.decode([token])} if token is not None else "first content token"
         )
-    sampling = AnalyzeConfig(seq_len=seq_len, num_seqs=num_seqs, bos="auto", corpus=DEFAULT_CORPUS, seed=0)
+    sampling = Recipe(seq_len=seq_len, num_seqs=num_seqs, bos="auto", corpus=DEFAULT_CORPUS, seed=0)
     batch = sequences_for(loaded, sampling)
     result = attention_stats(loaded.model, batch, batch_size, desc=f"sink rate {spec}", progress=progress)
     return {

@@ -24,4 +24,3 @@ GRIDS: tuple[GridKind, ...] = get_args(GridKind)
 # What replaces an ablated value at key 0 (posleak.capture.session.AttentionEdits).
 AblateMode = Literal["zero", "mean"]
 ABLATE_MODES: tuple[AblateMode, ...] = get_args(AblateMode)
-

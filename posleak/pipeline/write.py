@@ -15,7 +15,7 @@ from posleak.data.batches import TokenBatch
 from posleak.measure import LAYER_MAGNITUDES, Decomposition, layer_value
 from posleak.measure.position0 import fingerprint_constancy
 from posleak.models.load import LoadedModel
-from posleak.pipeline.config import AnalyzeConfig
+from posleak.pipeline.config import AnalysisOptions
 from posleak.pipeline.result import AnalysisResult
 from posleak.report import figures
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
@@ -80,7 +80,7 @@ def run_manifest(
     model_id: str,
     loaded: LoadedModel | None,
     batch: TokenBatch,
-    config: AnalyzeConfig,
+    options: AnalysisOptions,
     tokenizer: PreTrainedTokenizerBase | None,
     decomposition: Decomposition,
     closed: ClosedSystemReport,
@@ -88,7 +88,7 @@ def run_manifest(
     timings: dict[str, float],
 ) -> dict[str, Any]:
     """The run's manifest: provenance, the data, the measurement, where the model ran, the closed system."""
-    interventions = config.interventions.describe(sink_heads)
+    interventions = options.interventions.describe(sink_heads)
     manifest = provenance(
         model_id=model_id,
         model_hash=loaded.file_hash if loaded is not None else None,
@@ -105,11 +105,11 @@ def run_manifest(
         timings=timings,
     )
     manifest["measurement"] = decomposition.describe()
-    manifest["early"] = config.early
+    manifest["early"] = options.measure.early
     manifest["placement"] = {
         "device": str(model.device),  # the first layer's, under a device map
         "device_map": sorted({str(where) for where in (getattr(model, "hf_device_map", None) or {}).values()}),
-        "requested": config.placement.to_dict(),
+        "requested": options.execution.placement.to_dict(),
     }
     if loaded is not None:
         manifest["model"]["facts"] = loaded.facts.to_dict()

@@ -187,7 +187,7 @@ def role_problems(plan: Plan) -> list[str]:
             )
         folders.setdefault(folder, role)
         seq_len, num_seqs = plan.size(role)
-        options = analysis_config(plan, role).problems(seq_len, num_seqs)
+        options = analysis_config(plan, role).problems()
         problems.extend([f"{role} (T = {seq_len}, N = {num_seqs}): {p}" for p in options])
         known = facts[spec]
         if isinstance(known, RoleFacts):

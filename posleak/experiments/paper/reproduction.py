@@ -66,15 +66,15 @@ class Reproduction:
 def analysis_config(plan: Plan, role: RoleName, **changes: Any) -> AnalyzeConfig:
     """The analysis of one sample of the model of `role` under `plan` (num_seqs per sample)."""
     seq_len, num_seqs = plan.size(role)
-    base = AnalyzeConfig(
+    return AnalyzeConfig.of(
         seq_len=seq_len,
         num_seqs=num_seqs,
         batch_size=plan.batch_size,
         bootstrap=plan.bootstrap,
         cross_documents=plan.cross_documents,
         **plan.placement.to_dict(),
+        **changes,
     )
-    return dataclasses.replace(base, **changes)
 
 
 @dataclass(frozen=True)
