@@ -430,7 +430,7 @@ def test_intervene_bos_off_removes_the_bos_and_nothing_else(tmp_path: Path, chec
     run = intervene(str(folder), config, out=tmp_path / "run", progress=False)
 
     loaded = load_model(str(folder))
-    with_bos = sequences_for(loaded, config.replace(bos="on"))
+    with_bos = sequences_for(loaded, config.replace(bos="on").recipe)
     assert (with_bos.ids[:, 0] == 0).all() and run.baseline.manifest["bos"]["policy"] == "on"
     cut = with_bos.ids[:, 1:]
     reference = analyze_model(loaded.model, _verbatim(cut), config.analysis, model_id="reference", progress=False)
