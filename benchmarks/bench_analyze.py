@@ -42,7 +42,7 @@ MODEL = "smollm2-135m"
 
 
 def _config(seq_len: int) -> AnalyzeConfig:
-    return AnalyzeConfig.of(seq_len=seq_len, num_seqs=4 if seq_len <= 8192 else 2, batch_size=1, cross_documents=True)
+    return AnalyzeConfig(seq_len=seq_len, num_seqs=4 if seq_len <= 8192 else 2, batch_size=1, cross_documents=True)
 
 
 def _tasks(loaded: LoadedModel, seq_len: int) -> dict[str, Callable[[], object]]:

@@ -64,7 +64,7 @@ def decomposition_parity(model: torch.nn.Module, ids: torch.Tensor) -> float:
 
 def speed(name: str, placement: Placement, seq_len: int, num_seqs: int) -> dict[str, float]:
     loaded = load_model(name, placement=placement)
-    config = AnalyzeConfig.of(seq_len=seq_len, num_seqs=num_seqs, batch_size=1, cross_documents=True)
+    config = AnalyzeConfig(seq_len=seq_len, num_seqs=num_seqs, batch_size=1, cross_documents=True)
     batch = sequences_for(loaded, config.recipe)
     model, device = loaded.model, placement.torch_device()
 

@@ -31,7 +31,7 @@ def analyze_recorded(
 ) -> tuple[AnalysisResult, LogitRecorder]:
     """`analyze_model` on `ids` (the default path) with the reference recording every attention call."""
     model = use_posleak_attention(model)
-    config = AnalyzeConfig.of(
+    config = AnalyzeConfig(
         seq_len=ids.shape[1], num_seqs=ids.shape[0], batch_size=batch_size, grid=grid, early=EARLY, bootstrap=bootstrap
     )
     with LogitRecorder(model) as recorder:

@@ -46,7 +46,7 @@ def _tiny_run(tmp_path: Path | None, **changes: object) -> AnalysisResult:
     model = use_posleak_attention(tiny_model("gemma3"))
     ids = torch.randint(3, model.config.vocab_size, (6, 40), generator=torch.Generator().manual_seed(0))
     ids[:, 0] = 2
-    config = AnalyzeConfig.of(seq_len=40, num_seqs=6, batch_size=2, bootstrap=50).replace(**changes)
+    config = AnalyzeConfig(seq_len=40, num_seqs=6, batch_size=2, bootstrap=50).replace(**changes)
     return analyze_model(model, _batch(ids), config.analysis, out=tmp_path, model_id="tiny-gemma3", progress=False)
 
 
@@ -290,14 +290,14 @@ def test_null_options_are_checked_before_any_work(tmp_path: Path) -> None:
     folder, out = tiny_checkpoint(tmp_path / "model"), tmp_path / "run"
     assert_one_line_error(run_main("analyze", str(folder), "--null-seed", "5", "--out", str(out)), "without --null")
     assert not out.exists()
-    assert AnalyzeConfig.of(null="reverse").problems((8, 4)) == ["unknown --null 'reverse'; use one of shift, shuffle"]
+    assert AnalyzeConfig(null="reverse").problems((8, 4)) == ["unknown --null 'reverse'; use one of shift, shuffle"]
 
 
 # ----------------------------------------------------------------------------------- real models
 
 
 def _real_ids(loaded: LoadedModel, seq_len: int, num_seqs: int, bos: str = "auto") -> torch.Tensor:
-    config = AnalyzeConfig.of(seq_len=seq_len, num_seqs=num_seqs, bos=bos)
+    config = AnalyzeConfig(seq_len=seq_len, num_seqs=num_seqs, bos=bos)
     return sequences_for(loaded, config.recipe).ids
 
 
@@ -315,7 +315,7 @@ def test_real_models_match_brute_force(
     SmolLM2 at T = 1024: its layers are all alike, so six of them spread over its depth (first and last
     included): the test with all 30 took 342 s on 2 cores shared with other work, with these six 76 s alone."""
     loaded: LoadedModel = request.getfixturevalue(name)
-    config = AnalyzeConfig.of(seq_len=seq_len, num_seqs=num_seqs, batch_size=2, bootstrap=0)
+    config = AnalyzeConfig(seq_len=seq_len, num_seqs=num_seqs, batch_size=2, bootstrap=0)
     batch = sequences_for(loaded, config.recipe)
     assert (batch.bos_id is not None) == (name == "gemma3")
     with LogitRecorder(loaded.model) as recorder:
@@ -348,7 +348,7 @@ def test_gemma_fingerprint_is_constant_with_bos_only(gemma3: LoadedModel) -> Non
     from posleak.experiments.paper.c6 import position0_states
     from posleak.measure.position0 import fingerprint_constancy
 
-    batch = sequences_for(gemma3, AnalyzeConfig.of(seq_len=32, num_seqs=8, bos="auto").recipe)
+    batch = sequences_for(gemma3, AnalyzeConfig(seq_len=32, num_seqs=8, bos="auto").recipe)
     assert batch.bos_id == 2
     with_bos = fingerprint_constancy(position0_states(gemma3, batch, 4))
     without = fingerprint_constancy(position0_states(gemma3, without_bos(batch), 4))
@@ -383,7 +383,7 @@ def test_memory_at_8192_tokens(smollm2: LoadedModel) -> None:
     what a single T × T float32 logit array for the heads of one layer would take (2.4 GB)."""
     from bench_analyze import PeakMemory
 
-    config = AnalyzeConfig.of(seq_len=8192, num_seqs=2, batch_size=1, cross_documents=True, bootstrap=20)
+    config = AnalyzeConfig(seq_len=8192, num_seqs=2, batch_size=1, cross_documents=True, bootstrap=20)
     batch = sequences_for(smollm2, config.recipe)
     with PeakMemory() as peak:
         result = analyze_model(smollm2.model, batch, config.analysis, loaded=smollm2, progress=False)
@@ -435,7 +435,7 @@ def test_bfloat16_analysis_of_smollm2_agrees_with_float32_within_its_precision()
     """The same sequences analysed with the model in float32 and in bfloat16: magnitudes and sink scores agree
     within 4u of bfloat16 (see above), they are not identical (the bfloat16 forward really ran), and the
     manifest records the dtype."""
-    config = AnalyzeConfig.of(seq_len=64, num_seqs=4, bootstrap=0)
+    config = AnalyzeConfig(seq_len=64, num_seqs=4, bootstrap=0)
     full = analyze("smollm2-135m", config, progress=False)
     half = analyze("smollm2-135m", config.replace(dtype="bfloat16"), progress=False)
     assert full.manifest["model"]["dtype"] == "float32"

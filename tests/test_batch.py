@@ -41,7 +41,7 @@ def _spec(folder: Path, corpus: Path) -> dict:
 
 def _alone(folder: Path, corpus: Path, rope_scaling: str | None, out: Path) -> RunFolder:
     """The same analysis run on its own by `analyze`: what each batch run must equal."""
-    config = AnalyzeConfig.of(
+    config = AnalyzeConfig(
         seq_len=48,
         num_seqs=4,
         batch_size=2,
@@ -102,7 +102,7 @@ def test_local_analyses_load_each_model_once_and_come_back_in_the_order_asked(
 
     real_load = batch.load_for
     monkeypatch.setattr(batch, "load_for", counted)
-    base = AnalyzeConfig.of(seq_len=48, num_seqs=4, batch_size=2, corpus=str(corpus), bootstrap=20)
+    base = AnalyzeConfig(seq_len=48, num_seqs=4, batch_size=2, corpus=str(corpus), bootstrap=20)
     asked = [
         (folder, base),
         (other, base),

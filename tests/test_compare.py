@@ -71,7 +71,7 @@ def _analysis(family: str, out: Path, model_id: str, interventions: Intervention
     model = use_posleak_attention(tiny_model(family))
     ids = torch.randint(3, model.config.vocab_size, (4, 40), generator=torch.Generator().manual_seed(0))
     batch = TokenBatch(ids, "verbatim", None, ids[:, 0].clone(), source="test", source_name="random ids", seed=None)
-    config = AnalyzeConfig.of(seq_len=40, num_seqs=4, bootstrap=0, interventions=interventions or Interventions())
+    config = AnalyzeConfig(seq_len=40, num_seqs=4, bootstrap=0, interventions=interventions or Interventions())
     analyze_model(model, batch, config.analysis, out=out, model_id=model_id, progress=False)
 
 

@@ -502,7 +502,7 @@ def test_claim_c3_on_a_model_whose_sink_heads_write_nothing() -> None:
     heads."""
     ids = sink_ids()
     batch = TokenBatch(ids, "verbatim", None, ids[:, 0].clone(), source="test", source_name="test", seed=None)
-    config = AnalyzeConfig.of(seq_len=SINK_T, num_seqs=batch.num_seqs, bootstrap=50)
+    config = AnalyzeConfig(seq_len=SINK_T, num_seqs=batch.num_seqs, bootstrap=50)
     model = sink_model(SINK_LOGITS)
     baseline = analyze_model(model, batch, config.analysis, model_id="sink-lab", progress=False)
     sinks = sink_heads(baseline.per_head)
@@ -655,7 +655,7 @@ SINK_LOGITS = {(0, 0): 8.0, (0, 1): 1.4, (0, 2): 1.8, (1, 3): 6.0, (2, 1): 10.0}
 def _per_head(logits: dict[tuple[int, int], float]) -> pd.DataFrame:
     ids = sink_ids()
     batch = TokenBatch(ids, "verbatim", None, ids[:, 0].clone(), source="test", source_name="test", seed=None)
-    config = AnalyzeConfig.of(seq_len=SINK_T, num_seqs=batch.num_seqs, bootstrap=0)
+    config = AnalyzeConfig(seq_len=SINK_T, num_seqs=batch.num_seqs, bootstrap=0)
     return analyze_model(sink_model(logits), batch, config.analysis, model_id="sink-lab", progress=False).per_head
 
 

@@ -232,7 +232,7 @@ def test_family_matches_eager_and_the_brute_force(model_type: str) -> None:
     state_error = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(ours, reference, strict=True))
     assert state_error <= 1e-5, f"hidden states differ from eager attention's by {state_error:.3g}"
 
-    config = AnalyzeConfig.of(seq_len=T, num_seqs=N, batch_size=N, grid="exact", early=EARLY, bootstrap=0)
+    config = AnalyzeConfig(seq_len=T, num_seqs=N, batch_size=N, grid="exact", early=EARLY, bootstrap=0)
     with LogitRecorder(model) as recorder:
         result = analyze_model(model, token_batch(ids), config.analysis, model_id=model_type, progress=False)
     assert recorder.previous == "posleak" and sorted(recorder.layers) == attention_layers

@@ -263,7 +263,7 @@ def test_sink_heads_of_a_model_built_with_them(
     analytic = sink_scores(logits, layers=3)
     assert {layer: tuple(analytic[layer].gt(0.3).nonzero().flatten().tolist()) for layer in range(3)} == expected
     batch = _verbatim(sink_ids())
-    config = AnalyzeConfig.of(seq_len=SINK_T, num_seqs=batch.num_seqs, batch_size=2)
+    config = AnalyzeConfig(seq_len=SINK_T, num_seqs=batch.num_seqs, batch_size=2)
     heads = sink_heads_of(sink_model(logits), batch, config.execution.batch_size)
     assert heads == expected
     edits = Interventions(ablate_sink_values="auto").attention_edits(heads)
@@ -274,7 +274,7 @@ def test_auto_ablation_ablates_exactly_the_sink_heads() -> None:
     """An analysis with --ablate-sink-values auto records the constructed sink heads as ablated, and its sink
     scores are the analytic α_0 (value ablation leaves the attention weights alone)."""
     batch = _verbatim(sink_ids())
-    config = AnalyzeConfig.of(
+    config = AnalyzeConfig(
         seq_len=SINK_T, num_seqs=batch.num_seqs, bootstrap=0, interventions=Interventions(ablate_sink_values="auto")
     )
     result = analyze_model(sink_model(SINK_LOGITS), batch, config.analysis, model_id="sink-lab", progress=False)
@@ -426,7 +426,7 @@ def test_intervene_bos_off_removes_the_bos_and_nothing_else(tmp_path: Path, chec
     same rows with that BOS cut off (T − 1 tokens), the effect is computed from the two, and a rerun reads both
     runs back without rewriting a file."""
     folder, corpus = checkpoint
-    config = AnalyzeConfig.of(seq_len=24, num_seqs=6, batch_size=3, bos="off", corpus=str(corpus), bootstrap=30)
+    config = AnalyzeConfig(seq_len=24, num_seqs=6, batch_size=3, bos="off", corpus=str(corpus), bootstrap=30)
     run = intervene(str(folder), config, out=tmp_path / "run", progress=False)
 
     loaded = load_model(str(folder))
@@ -502,7 +502,7 @@ def test_intervene_rope_scaling_reloads_the_model_with_the_scaled_base(
     weights, on the same sequences."""
     folder, corpus = checkpoint
     spec = Interventions(rope_scaling="ntk:4")
-    config = AnalyzeConfig.of(seq_len=24, num_seqs=4, batch_size=2, corpus=str(corpus), bootstrap=0, interventions=spec)
+    config = AnalyzeConfig(seq_len=24, num_seqs=4, batch_size=2, corpus=str(corpus), bootstrap=0, interventions=spec)
     run = intervene(str(folder), config, out=tmp_path / "run", progress=False)
 
     saved = json.loads((folder / "config.json").read_text())
@@ -552,7 +552,7 @@ def test_next_token_scores_equal_transformers_loss_with_eager_attention(family: 
     (Gemma 2's final soft-cap included), against transformers' loss with eager attention on the same ids."""
     model = use_posleak_attention(tiny_model(family))
     ids = _ids(model, batch=4)
-    config = AnalyzeConfig.of(seq_len=T, num_seqs=4, batch_size=3, bootstrap=0)
+    config = AnalyzeConfig(seq_len=T, num_seqs=4, batch_size=3, bootstrap=0)
     result = analyze_model(model, _verbatim(ids), config.analysis, model_id=family, progress=False)
     nll, hits, loss = _eager_scores(model, ids)
     got_nll, got_hits = _scores(result.tokens, (4, T - 1))
@@ -584,8 +584,8 @@ def test_next_token_scores_over_slices_of_the_vocabulary_equal_transformers_loss
 @pytest.mark.slow
 def test_real_model_next_token_scores_equal_transformers_loss(smollm2: LoadedModel) -> None:
     """The same on SmolLM2-135M (a 49,152-word output layer, formed a slice of the vocabulary at a time)."""
-    batch = sequences_for(smollm2, AnalyzeConfig.of(seq_len=96, num_seqs=2).recipe)
-    config = AnalyzeConfig.of(seq_len=96, num_seqs=2, batch_size=2, bootstrap=0)
+    batch = sequences_for(smollm2, AnalyzeConfig(seq_len=96, num_seqs=2).recipe)
+    config = AnalyzeConfig(seq_len=96, num_seqs=2, batch_size=2, bootstrap=0)
     result = analyze_model(smollm2.model, batch, config.analysis, loaded=smollm2, progress=False)
     nll, hits, loss = _eager_scores(smollm2.model, batch.ids)
     got_nll, got_hits = _scores(result.tokens, (2, 95))
@@ -601,7 +601,7 @@ def test_window_wider_than_the_sequences_changes_no_prediction(tmp_path: Path, c
     transformers' own loss (eager attention) on the same ids."""
     folder, corpus = checkpoint
     spec = Interventions(window="1000")
-    config = AnalyzeConfig.of(
+    config = AnalyzeConfig(
         seq_len=24, num_seqs=6, batch_size=4, corpus=str(corpus), bootstrap=40, interventions=spec
     )
     run = intervene(str(folder), config, out=tmp_path / "run", progress=False)

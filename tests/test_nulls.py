@@ -32,7 +32,7 @@ EXACT = 1e-6  # float32 log Z of a uniform row (the kernel's) against float64 lo
 
 
 def _analysis(model: torch.nn.Module, batch: TokenBatch) -> AnalysisResult:
-    config = AnalyzeConfig.of(seq_len=T, num_seqs=N, batch_size=N, bootstrap=100, early=EARLY)
+    config = AnalyzeConfig(seq_len=T, num_seqs=N, batch_size=N, bootstrap=100, early=EARLY)
     return analyze_model(model, batch, config.analysis, model_id="tiny", progress=False)
 
 

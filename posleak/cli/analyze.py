@@ -192,7 +192,7 @@ def interventions_from(args: argparse.Namespace) -> Interventions:
 def config_from(args: argparse.Namespace, interventions: Interventions) -> AnalyzeConfig:
     from posleak.pipeline import AnalyzeConfig
 
-    return AnalyzeConfig.of(**given(args, AnalyzeConfig.OPTIONS), interventions=interventions)
+    return AnalyzeConfig(**given(args, AnalyzeConfig.OPTIONS), interventions=interventions)
 
 
 def _inspect(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ grid:                             # every combination of these values is one set
   rope_scaling: [null, "ntk:4"]
 ```
 
-Keys of `base` and `grid` are the options of `posleak analyze`, written as `AnalyzeConfig.of` and the
+Keys of `base` and `grid` are the options of `posleak analyze`, written as `AnalyzeConfig` and the
 interventions' options (posleak.intervene.registry) name them (`seed` sets both, as `--seed` does). Each
 model × setting is one run folder, OUT/runs/<name>, named by the model and the setting; a finished run is read
 back, never redone, and an interrupted one resumes from its checkpoint (the captures of its forwards, then each
@@ -238,7 +238,7 @@ class BatchSpec:
         for model in self.models:
             for point, options in grid_options(self.base, self.grid):
                 interventions = Interventions(**{k: v for k, v in options.items() if k in INTERVENTION_KEYS})
-                config = AnalyzeConfig.of(
+                config = AnalyzeConfig(
                     **{k: v for k, v in options.items() if k in CONFIG_KEYS}, interventions=interventions
                 )
                 name = "-".join([safe_name(Path(model).name), *(f"{k}={safe_name(str(v))}" for k, v in point.items())])

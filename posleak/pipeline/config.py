@@ -104,51 +104,56 @@ class AnalysisOptions:
         }
 
 
-# Where each option of `AnalyzeConfig.of` goes, by its command-line name (`seed` draws sequences and resamples).
+# Where each option `AnalyzeConfig` takes by its command-line name goes (`seed` draws sequences and resamples).
 _RECIPE = frozenset(f.name for f in dataclasses.fields(Recipe))
 _MEASURE = frozenset(f.name for f in dataclasses.fields(MeasureOptions))
 _PLACEMENT = frozenset(f.name for f in dataclasses.fields(Placement))
 _EXECUTION = frozenset(f.name for f in dataclasses.fields(Execution)) - {"placement"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class AnalyzeConfig:
     """What determines an analysis run (and its resume fingerprint), besides the model: one object per concern.
-    `AnalyzeConfig.of(seq_len=…, grid=…, device=…)` and `config.replace(…)` take the options by their
-    command-line names."""
+    Built from its parts, from options by their command-line names (`AnalyzeConfig(seq_len=…, grid=…,
+    device=…)`, each set in its part; `seed` in the recipe and the measurement), or both."""
 
-    recipe: Recipe = field(default_factory=Recipe)
-    measure: MeasureOptions = field(default_factory=MeasureOptions)
-    execution: Execution = field(default_factory=Execution)
-    interventions: Interventions = field(default_factory=Interventions)
+    recipe: Recipe
+    measure: MeasureOptions
+    execution: Execution
+    interventions: Interventions
 
-    OPTIONS = _RECIPE | _MEASURE | _PLACEMENT | _EXECUTION  # what `of` and `replace` take, besides interventions
+    OPTIONS = _RECIPE | _MEASURE | _PLACEMENT | _EXECUTION  # the options by name, besides the parts
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        recipe: Recipe | None = None,
+        measure: MeasureOptions | None = None,
+        execution: Execution | None = None,
+        interventions: Interventions | None = None,
+        **options: Any,
+    ) -> None:
+        if unknown := sorted(set(options) - self.OPTIONS):
+            raise TypeError(f"unknown analysis option(s) {unknown}; use {sorted(self.OPTIONS)}")
+
+        def part(given: Any, names: frozenset[str]) -> Any:
+            return dataclasses.replace(given, **{name: options[name] for name in names & set(options)})
+
+        execution = part(execution or Execution(), _EXECUTION)
+        parts = {
+            "recipe": part(recipe or Recipe(), _RECIPE),
+            "measure": part(measure or MeasureOptions(), _MEASURE),
+            "execution": dataclasses.replace(execution, placement=part(execution.placement, _PLACEMENT)),
+            "interventions": interventions if interventions is not None else Interventions(),
+        }
+        for name, value in parts.items():
+            object.__setattr__(self, name, value)  # how a frozen dataclass sets its fields
         if self.recipe.seed != self.measure.seed:  # the fingerprint records one
             raise ValueError("one --seed draws the sequences and the resamples: give the recipe and measure the same")
 
-    @classmethod
-    def of(cls, **options: Any) -> AnalyzeConfig:
-        return cls().replace(**options)
-
     def replace(self, **options: Any) -> AnalyzeConfig:
         """These options changed, by their command-line names (`interventions`: an `Interventions`)."""
-        if unknown := sorted(set(options) - self.OPTIONS - {"interventions"}):
-            raise TypeError(f"unknown analysis option(s) {unknown}; use {sorted(self.OPTIONS)}")
-
-        def part(names: frozenset[str]) -> dict[str, Any]:
-            return {name: value for name, value in options.items() if name in names}
-
-        execution = dataclasses.replace(self.execution, **part(_EXECUTION))
-        return AnalyzeConfig(
-            recipe=dataclasses.replace(self.recipe, **part(_RECIPE)),
-            measure=dataclasses.replace(self.measure, **part(_MEASURE)),
-            execution=dataclasses.replace(
-                execution, placement=dataclasses.replace(execution.placement, **part(_PLACEMENT))
-            ),
-            interventions=options.get("interventions", self.interventions),
-        )
+        interventions = options.pop("interventions", self.interventions)
+        return AnalyzeConfig(self.recipe, self.measure, self.execution, interventions, **options)
 
     @property
     def analysis(self) -> AnalysisOptions:

@@ -66,7 +66,7 @@ class Reproduction:
 def analysis_config(plan: Plan, role: RoleName, **changes: Any) -> AnalyzeConfig:
     """The analysis of one sample of the model of `role` under `plan` (num_seqs per sample)."""
     seq_len, num_seqs = plan.size(role)
-    return AnalyzeConfig.of(
+    return AnalyzeConfig(
         seq_len=seq_len,
         num_seqs=num_seqs,
         batch_size=plan.batch_size,
