@@ -54,9 +54,6 @@ class Interventions:
         """Every option's value, as a run's fingerprint covers them."""
         return dict(self._values)
 
-    def replace(self, **changes: Any) -> Interventions:
-        return Interventions(**(self._values | changes))
-
     def _given(self) -> list[Intervention]:
         return [intervention for intervention in registered() if intervention.given(self._values)]
 
