@@ -37,13 +37,13 @@ def inspect_model(
     loaded = load_model(spec, trust_remote_code=trust_remote_code, placement=placement)
     tokenizer = loaded.tokenizer
     position0: dict[str, Any] = {}
-    for policy in BOS_POLICIES:
+    for bos in BOS_POLICIES:
         try:
-            token = pos0_token(tokenizer, policy)
+            token = pos0_token(tokenizer, bos)
         except PosleakError as err:  # `on` for a tokenizer without BOS
-            position0[policy] = {"error": str(err)}
+            position0[bos] = {"error": str(err)}
             continue
-        position0[policy] = (
+        position0[bos] = (
             {"id": token, "text": tokenizer.decode([token])} if token is not None else "first content token"
         )
     sampling = Recipe(seq_len=seq_len, num_seqs=num_seqs, bos="auto", corpus=DEFAULT_CORPUS, seed=0)

@@ -76,17 +76,17 @@ class TokenBatch:
         }
 
 
-def pos0_token(tokenizer: PreTrainedTokenizerBase, policy: BosPolicy) -> int | None:
-    """The BOS id a policy puts at position 0, or None when position 0 holds the first content token."""
-    if policy not in BOS_POLICIES:
-        raise PosleakError(f"unknown BOS policy '{policy}'; use one of {', '.join(BOS_POLICIES)}")
-    bos = tokenizer.bos_token_id
-    if policy == "on" and bos is None:
+def pos0_token(tokenizer: PreTrainedTokenizerBase, bos: BosPolicy) -> int | None:
+    """The BOS id the BOS policy `bos` puts at position 0, or None when position 0 holds the first content token."""
+    if bos not in BOS_POLICIES:
+        raise PosleakError(f"unknown BOS policy '{bos}'; use one of {', '.join(BOS_POLICIES)}")
+    bos_id = tokenizer.bos_token_id
+    if bos == "on" and bos_id is None:
         raise PosleakError(
             f"BOS requested (bos=on) but tokenizer {type(tokenizer).__name__} has no BOS token; use bos=off or auto"
         )
-    if policy == "on" or (policy == "auto" and tokenizer_prepends_bos(tokenizer)):
-        return bos
+    if bos == "on" or (bos == "auto" and tokenizer_prepends_bos(tokenizer)):
+        return bos_id
     return None
 
 
