@@ -18,6 +18,7 @@ from tiny import tiny_checkpoint, tiny_model, word_corpus
 from posleak.capture import CaptureSession, QueryStats, ResidualCapture, closed_system, use_posleak_attention
 from posleak.commands.analyze import analyze
 from posleak.data.batches import TokenBatch
+from posleak.data.kinds import BosPolicy
 from posleak.errors import PosleakError
 from posleak.intervene import Interventions
 from posleak.measure import LAYER_MAGNITUDES
@@ -26,6 +27,7 @@ from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model, seque
 from posleak.pipeline import run as run_module
 from posleak.store import RunFolder
 from posleak.store.jsonfile import dumps, nan_for_none
+from posleak.store.manifest import fingerprint
 
 TOLERANCE = 1e-5
 
@@ -293,10 +295,34 @@ def test_null_options_are_checked_before_any_work(tmp_path: Path) -> None:
     assert AnalyzeConfig(null="reverse").problems((8, 4)) == ["unknown --null 'reverse'; use one of shift, shuffle"]
 
 
+# The options a run folder's fingerprint covered before AnalyzeConfig was split by concern, and the fingerprint of
+# the defaults then: the folders written before the split resume, and read back as finished, after it.
+IDENTITY_KEYS = {
+    "seq_len", "num_seqs", "batch_size", "bos", "corpus", "tokens", "cross_documents", "grid", "early", "seed",
+    "bootstrap", "interventions", "device", "dtype", "device_map", "max_memory",
+}  # fmt: skip
+DEFAULT_FINGERPRINT = "fe7394b77392cd61ede473fdee11ac153416e60e47bf117c4d4b5066cc750fa6"
+
+
+def test_each_option_goes_to_its_concern_and_the_fingerprints_stay() -> None:
+    config = AnalyzeConfig(seq_len=64, bos="on", seed=3, grid="exact", batch_size=2, device="cpu", measure_budget="8")
+    assert (config.recipe.seq_len, config.recipe.bos, config.recipe.seed) == (64, "on", 3)
+    assert (config.measure.grid, config.measure.seed) == ("exact", 3)  # one --seed: sequences and resamples
+    execution = config.execution
+    assert (execution.batch_size, execution.placement.device, execution.measure_budget) == (2, "cpu", "8")
+    changed = config.replace(seed=4)
+    assert (changed.recipe.seed, changed.measure.seed, changed.recipe.bos) == (4, 4, "on")
+    assert set(config.identity()) == IDENTITY_KEYS
+    assert set(config.replace(null="shift").identity()) == IDENTITY_KEYS | {"null", "null_seed"}
+    assert fingerprint({"config": AnalyzeConfig().identity()}) == DEFAULT_FINGERPRINT
+    with pytest.raises(TypeError, match="unknown analysis option"):
+        AnalyzeConfig(seq_length=64)
+
+
 # ----------------------------------------------------------------------------------- real models
 
 
-def _real_ids(loaded: LoadedModel, seq_len: int, num_seqs: int, bos: str = "auto") -> torch.Tensor:
+def _real_ids(loaded: LoadedModel, seq_len: int, num_seqs: int, bos: BosPolicy = "auto") -> torch.Tensor:
     config = AnalyzeConfig(seq_len=seq_len, num_seqs=num_seqs, bos=bos)
     return sequences_for(loaded, config.recipe).ids
 
