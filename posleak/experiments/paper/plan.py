@@ -71,11 +71,11 @@ class Plan:
     per-role T and N in `sizes` where a plan file gives them); `--quick` takes about 15 minutes on 2 cores."""
 
     name: str
-    seq_len: int
+    seq_len: int  # T and N of the standard role (and of the bos role, which follows it)
     num_seqs: int
-    sliding_seq_len: int  # longer than Gemma's 512-token window, so that the sliding layers act
+    sliding_seq_len: int  # longer than the sliding model's window (gemma3-270m's 512), so that the window acts
     sliding_num_seqs: int
-    large_base_num_seqs: int
+    large_base_num_seqs: int  # the large-base role's T is the standard one's
     ntk_factors: tuple[float, ...]
     control_draws: int  # C3: draws of as many random non-sink heads as there are sink heads (per unit)
     c3_both_bos: bool  # C3 also in each model's other BOS setting (--quick: its own only, for time)
