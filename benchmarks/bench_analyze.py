@@ -49,10 +49,10 @@ def _tasks(loaded: LoadedModel, seq_len: int) -> dict[str, Callable[[], object]]
     model = loaded.model
     config = _config(seq_len)
     if seq_len <= (loaded.facts.max_positions or seq_len):
-        batch = sequences_for(loaded, config)
+        batch = sequences_for(loaded, config.recipe)
     else:  # past the model's trained context: a measurement of cost only, so posleak's length guard is bypassed
-        corpus = load_corpus(config.corpus)
-        batch = make_sequences(corpus, loaded.tokenizer, seq_len, config.num_seqs, cross_documents=True)
+        corpus = load_corpus(config.recipe.corpus)
+        batch = make_sequences(corpus, loaded.tokenizer, seq_len, config.recipe.num_seqs, cross_documents=True)
 
     @torch.no_grad()
     def plain(implementation: str, **kwargs: object) -> None:
@@ -64,7 +64,7 @@ def _tasks(loaded: LoadedModel, seq_len: int) -> dict[str, Callable[[], object]]
             use_posleak_attention(model)
 
     def analysis() -> None:
-        analyze_model(model, batch, _config(seq_len), loaded=loaded, progress=False)
+        analyze_model(model, batch, _config(seq_len).analysis, loaded=loaded, progress=False)
 
     return {
         "a_sdpa": lambda: plain("sdpa"),

@@ -65,7 +65,7 @@ def decomposition_parity(model: torch.nn.Module, ids: torch.Tensor) -> float:
 def speed(name: str, placement: Placement, seq_len: int, num_seqs: int) -> dict[str, float]:
     loaded = load_model(name, placement=placement)
     config = AnalyzeConfig(seq_len=seq_len, num_seqs=num_seqs, batch_size=1, cross_documents=True)
-    batch = sequences_for(loaded, config)
+    batch = sequences_for(loaded, config.recipe)
     model, device = loaded.model, placement.torch_device()
 
     def sync() -> None:
@@ -83,7 +83,7 @@ def speed(name: str, placement: Placement, seq_len: int, num_seqs: int) -> dict[
     forward_s = time.perf_counter() - start
     use_posleak_attention(model)
     start = time.perf_counter()
-    analyze_model(model, batch, config, loaded=loaded, progress=False)
+    analyze_model(model, batch, config.analysis, loaded=loaded, progress=False)
     sync()
     analyze_s = time.perf_counter() - start
     return {

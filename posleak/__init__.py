@@ -1,7 +1,9 @@
 """posleak: where does the absolute-position information in a decoder's attention come from?
 
-The package follows the data flow of an analysis:
-models → data → capture → measure → intervene → lab → report → cli.
+The package is built in floors, each importing only its own and those below it (the layout table, which
+tests/test_layout.py reads, is the one place the order is written), bottom floor first:
+base → store → runner → report → data → capture → models → measure → intervene → pipeline → commands → lab →
+experiments → cli.
 """
 
 from posleak.errors import PosleakError

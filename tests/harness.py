@@ -17,7 +17,7 @@ EARLY = 12
 def token_batch(ids: torch.Tensor) -> TokenBatch:
     return TokenBatch(
         ids=ids,
-        bos_policy="verbatim",
+        bos="verbatim",
         bos_id=None,
         pos0_token_ids=ids[:, 0].clone(),
         source="test",
@@ -35,7 +35,7 @@ def analyze_recorded(
         seq_len=ids.shape[1], num_seqs=ids.shape[0], batch_size=batch_size, grid=grid, early=EARLY, bootstrap=bootstrap
     )
     with LogitRecorder(model) as recorder:
-        result = analyze_model(model, token_batch(ids), config, model_id="tiny", progress=False)
+        result = analyze_model(model, token_batch(ids), config.analysis, model_id="tiny", progress=False)
     # the instrumented path ran: the recorder wrapped posleak's own function, once per layer and batch
     assert recorder.previous == "posleak"
     layers = model.config.num_hidden_layers

@@ -3,7 +3,6 @@ resuming, bad input on the command line, and position 0 on the real models."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ from tiny import tiny_checkpoint, tiny_model, word_corpus
 from posleak.capture import CaptureSession, QueryStats, ResidualCapture, closed_system, use_posleak_attention
 from posleak.commands.analyze import analyze
 from posleak.data.batches import TokenBatch
+from posleak.data.kinds import BosPolicy
 from posleak.errors import PosleakError
 from posleak.intervene import Interventions
 from posleak.measure import LAYER_MAGNITUDES
@@ -27,6 +27,7 @@ from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model, seque
 from posleak.pipeline import run as run_module
 from posleak.store import RunFolder
 from posleak.store.jsonfile import dumps, nan_for_none
+from posleak.store.manifest import fingerprint
 
 TOLERANCE = 1e-5
 
@@ -34,7 +35,7 @@ TOLERANCE = 1e-5
 def _batch(ids: torch.Tensor) -> TokenBatch:
     return TokenBatch(
         ids=ids,
-        bos_policy="verbatim",
+        bos="verbatim",
         bos_id=None,
         pos0_token_ids=ids[:, 0].clone(),
         source="test",
@@ -47,8 +48,8 @@ def _tiny_run(tmp_path: Path | None, **changes: object) -> AnalysisResult:
     model = use_posleak_attention(tiny_model("gemma3"))
     ids = torch.randint(3, model.config.vocab_size, (6, 40), generator=torch.Generator().manual_seed(0))
     ids[:, 0] = 2
-    config = dataclasses.replace(AnalyzeConfig(seq_len=40, num_seqs=6, batch_size=2, bootstrap=50), **changes)
-    return analyze_model(model, _batch(ids), config, out=tmp_path, model_id="tiny-gemma3", progress=False)
+    config = AnalyzeConfig(seq_len=40, num_seqs=6, batch_size=2, bootstrap=50).replace(**changes)
+    return analyze_model(model, _batch(ids), config.analysis, out=tmp_path, model_id="tiny-gemma3", progress=False)
 
 
 # ----------------------------------------------------------------------------------- run folders
@@ -291,15 +292,39 @@ def test_null_options_are_checked_before_any_work(tmp_path: Path) -> None:
     folder, out = tiny_checkpoint(tmp_path / "model"), tmp_path / "run"
     assert_one_line_error(run_main("analyze", str(folder), "--null-seed", "5", "--out", str(out)), "without --null")
     assert not out.exists()
-    assert AnalyzeConfig(null="reverse").problems(8, 4) == ["unknown --null 'reverse'; use one of shift, shuffle"]
+    assert AnalyzeConfig(null="reverse").problems((8, 4)) == ["unknown --null 'reverse'; use one of shift, shuffle"]
+
+
+# The options a run folder's fingerprint covered before AnalyzeConfig was split by concern, and the fingerprint of
+# the defaults then: the folders written before the split resume, and read back as finished, after it.
+IDENTITY_KEYS = {
+    "seq_len", "num_seqs", "batch_size", "bos", "corpus", "tokens", "cross_documents", "grid", "early", "seed",
+    "bootstrap", "interventions", "device", "dtype", "device_map", "max_memory",
+}  # fmt: skip
+DEFAULT_FINGERPRINT = "fe7394b77392cd61ede473fdee11ac153416e60e47bf117c4d4b5066cc750fa6"
+
+
+def test_each_option_goes_to_its_concern_and_the_fingerprints_stay() -> None:
+    config = AnalyzeConfig(seq_len=64, bos="on", seed=3, grid="exact", batch_size=2, device="cpu", measure_budget="8")
+    assert (config.recipe.seq_len, config.recipe.bos, config.recipe.seed) == (64, "on", 3)
+    assert (config.measure.grid, config.measure.seed) == ("exact", 3)  # one --seed: sequences and resamples
+    execution = config.execution
+    assert (execution.batch_size, execution.placement.device, execution.measure_budget) == (2, "cpu", "8")
+    changed = config.replace(seed=4)
+    assert (changed.recipe.seed, changed.measure.seed, changed.recipe.bos) == (4, 4, "on")
+    assert set(config.identity()) == IDENTITY_KEYS
+    assert set(config.replace(null="shift").identity()) == IDENTITY_KEYS | {"null", "null_seed"}
+    assert fingerprint({"config": AnalyzeConfig().identity()}) == DEFAULT_FINGERPRINT
+    with pytest.raises(TypeError, match="unknown analysis option"):
+        AnalyzeConfig(seq_length=64)
 
 
 # ----------------------------------------------------------------------------------- real models
 
 
-def _real_ids(loaded: LoadedModel, seq_len: int, num_seqs: int, bos: str = "auto") -> torch.Tensor:
+def _real_ids(loaded: LoadedModel, seq_len: int, num_seqs: int, bos: BosPolicy = "auto") -> torch.Tensor:
     config = AnalyzeConfig(seq_len=seq_len, num_seqs=num_seqs, bos=bos)
-    return sequences_for(loaded, config).ids
+    return sequences_for(loaded, config.recipe).ids
 
 
 @pytest.mark.slow
@@ -317,10 +342,10 @@ def test_real_models_match_brute_force(
     included): the test with all 30 took 342 s on 2 cores shared with other work, with these six 76 s alone."""
     loaded: LoadedModel = request.getfixturevalue(name)
     config = AnalyzeConfig(seq_len=seq_len, num_seqs=num_seqs, batch_size=2, bootstrap=0)
-    batch = sequences_for(loaded, config)
+    batch = sequences_for(loaded, config.recipe)
     assert (batch.bos_id is not None) == (name == "gemma3")
     with LogitRecorder(loaded.model) as recorder:
-        result = analyze_model(loaded.model, batch, config, loaded=loaded, progress=False)
+        result = analyze_model(loaded.model, batch, config.analysis, loaded=loaded, progress=False)
     assert recorder.previous == "posleak" and len(recorder.layers) == loaded.facts.layers
     if name == "gemma3":
         assert {layer.window for layer in recorder.layers.values()} == {512, None}
@@ -349,7 +374,7 @@ def test_gemma_fingerprint_is_constant_with_bos_only(gemma3: LoadedModel) -> Non
     from posleak.experiments.paper.c6 import position0_states
     from posleak.measure.position0 import fingerprint_constancy
 
-    batch = sequences_for(gemma3, AnalyzeConfig(seq_len=32, num_seqs=8, bos="auto"))
+    batch = sequences_for(gemma3, AnalyzeConfig(seq_len=32, num_seqs=8, bos="auto").recipe)
     assert batch.bos_id == 2
     with_bos = fingerprint_constancy(position0_states(gemma3, batch, 4))
     without = fingerprint_constancy(position0_states(gemma3, without_bos(batch), 4))
@@ -385,9 +410,9 @@ def test_memory_at_8192_tokens(smollm2: LoadedModel) -> None:
     from bench_analyze import PeakMemory
 
     config = AnalyzeConfig(seq_len=8192, num_seqs=2, batch_size=1, cross_documents=True, bootstrap=20)
-    batch = sequences_for(smollm2, config)
+    batch = sequences_for(smollm2, config.recipe)
     with PeakMemory() as peak:
-        result = analyze_model(smollm2.model, batch, config, loaded=smollm2, progress=False)
+        result = analyze_model(smollm2.model, batch, config.analysis, loaded=smollm2, progress=False)
     one_layer = smollm2.facts.heads * 8192**2 * 4 / 2**20
     assert peak.added_mb < one_layer, (peak.added_mb, one_layer)
     finite = result.per_layer[["mask_all", "resid_all", "resid_all_lo", "resid_all_hi"]]
@@ -438,7 +463,7 @@ def test_bfloat16_analysis_of_smollm2_agrees_with_float32_within_its_precision()
     manifest records the dtype."""
     config = AnalyzeConfig(seq_len=64, num_seqs=4, bootstrap=0)
     full = analyze("smollm2-135m", config, progress=False)
-    half = analyze("smollm2-135m", dataclasses.replace(config, dtype="bfloat16"), progress=False)
+    half = analyze("smollm2-135m", config.replace(dtype="bfloat16"), progress=False)
     assert full.manifest["model"]["dtype"] == "float32"
     assert half.manifest["model"]["dtype"] == "bfloat16"
     assert half.manifest["placement"]["requested"]["dtype"] == "bfloat16"

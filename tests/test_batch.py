@@ -4,7 +4,6 @@ one comparison."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -107,9 +106,9 @@ def test_local_analyses_load_each_model_once_and_come_back_in_the_order_asked(
     asked = [
         (folder, base),
         (other, base),
-        (folder, dataclasses.replace(base, interventions=Interventions(rope_scaling="ntk:4"))),
-        (other, dataclasses.replace(base, seed=1)),
-        (folder, dataclasses.replace(base, seed=1)),
+        (folder, base.replace(interventions=Interventions(rope_scaling="ntk:4"))),
+        (other, base.replace(seed=1)),
+        (folder, base.replace(seed=1)),
     ]
     jobs = [AnalysisJob(f"job{k}", str(model), config, tmp_path / f"job{k}") for k, (model, config) in enumerate(asked)]
     results = run_analyses(jobs, progress=False)
@@ -119,7 +118,7 @@ def test_local_analyses_load_each_model_once_and_come_back_in_the_order_asked(
         args = result.run.read_manifest()["args"]
         assert args["model"] == str(model)
         assert (args["config"]["seed"], args["config"]["interventions"]["rope_scaling"]) == (
-            config.seed,
+            config.recipe.seed,
             config.interventions.rope_scaling,
         )
 

@@ -219,7 +219,7 @@ def test_real_models_match_eager_beyond_the_window(name: str, request: pytest.Fi
 
     loaded = request.getfixturevalue(name)
     model = loaded.model
-    ids = sequences_for(loaded, AnalyzeConfig(seq_len=600, num_seqs=1, cross_documents=True)).ids
+    ids = sequences_for(loaded, AnalyzeConfig(seq_len=600, num_seqs=1, cross_documents=True).recipe).ids
     try:
         reference = _eager(model, ids)
     finally:
@@ -268,9 +268,9 @@ def test_blockwise_path_forced_on_the_cpu_equals_the_fused_kernel(family: str) -
         torch.testing.assert_close(block.layer(layer).log_z, fused.layer(layer).log_z, rtol=1e-5, atol=1e-5)
 
     config = AnalyzeConfig(seq_len=T, num_seqs=4, batch_size=2, early=12, bootstrap=0)
-    fused_result = analyze_model(model, token_batch(ids), config, model_id="tiny", progress=False)
+    fused_result = analyze_model(model, token_batch(ids), config.analysis, model_id="tiny", progress=False)
     with blockwise_attention():
-        block_result = analyze_model(model, token_batch(ids), config, model_id="tiny", progress=False)
+        block_result = analyze_model(model, token_batch(ids), config.analysis, model_id="tiny", progress=False)
     for table in ("per_head", "per_layer"):
         a, b = getattr(fused_result, table), getattr(block_result, table)
         numbers = [c for c in a.columns if a[c].dtype.kind == "f"]

@@ -301,7 +301,7 @@ def test_position_zero_under_each_bos_policy(
     tokenizer = tokenizers[kind]
     assert pos0_token(tokenizer, policy) == expected_bos
     batch = make_sequences(small, tokenizer, seq_len=16, num_seqs=20, bos=policy)
-    assert batch.bos_id == expected_bos and batch.bos_policy == policy
+    assert batch.bos_id == expected_bos and batch.bos == policy
     assert torch.equal(batch.pos0_token_ids, batch.ids[:, 0])
     if expected_bos is None:
         assert not (batch.ids == BOS_ID).any()  # no BOS anywhere, not only at position 0
@@ -376,7 +376,7 @@ def test_token_file_is_taken_verbatim(tmp_path: Path) -> None:
     batch = load_token_file(path, vocab_size=24, max_len=8)
     assert torch.equal(batch.ids, torch.from_numpy(array).long())
     assert batch.ids.dtype == torch.long
-    assert batch.bos_policy == "verbatim" and batch.bos_id is None and batch.seed is None
+    assert batch.bos == "verbatim" and batch.bos_id is None and batch.seed is None
     assert torch.equal(batch.pos0_token_ids, torch.tensor([0, 8, 16]))
     assert batch.source == hashlib.sha256(path.read_bytes()).hexdigest()
 

@@ -505,14 +505,16 @@ def test_claim_c3_on_a_model_whose_sink_heads_write_nothing() -> None:
     batch = TokenBatch(ids, "verbatim", None, ids[:, 0].clone(), source="test", source_name="test", seed=None)
     config = AnalyzeConfig(seq_len=SINK_T, num_seqs=batch.num_seqs, bootstrap=50)
     model = sink_model(SINK_LOGITS)
-    baseline = analyze_model(model, batch, config, model_id="sink-lab", progress=False)
+    baseline = analyze_model(model, batch, config.analysis, model_id="sink-lab", progress=False)
     sinks = sink_heads(baseline.per_head)
     changes = {}
     for name, edit in (
         ("kv0-sinks", Interventions(patch_kv0="id:5", kv0_heads=head_list(sinks))),
         ("ablate-sinks", Interventions(ablate_sink_values=head_list(sinks))),
     ):
-        run = analyze_model(model, batch, replace(config, interventions=edit), model_id="sink-lab", progress=False)
+        run = analyze_model(
+            model, batch, config.replace(interventions=edit).analysis, model_id="sink-lab", progress=False
+        )
         assert set(run.manifest["interventions"][0].values()) & {"0.0,1.3,0.2"}
         later = [layer for layer in baseline.per_layer["layer"] if layer > sinks["layer"].min()]
         changes[name] = percent_change(baseline, run, "resid_all", later)
@@ -655,7 +657,7 @@ def _per_head(logits: dict[tuple[int, int], float]) -> pd.DataFrame:
     ids = sink_ids()
     batch = TokenBatch(ids, "verbatim", None, ids[:, 0].clone(), source="test", source_name="test", seed=None)
     config = AnalyzeConfig(seq_len=SINK_T, num_seqs=batch.num_seqs, bootstrap=0)
-    return analyze_model(sink_model(logits), batch, config, model_id="sink-lab", progress=False).per_head
+    return analyze_model(sink_model(logits), batch, config.analysis, model_id="sink-lab", progress=False).per_head
 
 
 @pytest.mark.parametrize(
@@ -734,7 +736,9 @@ def test_a_plan_file_sets_each_role_and_the_plan_s_sizes(tmp_path: Path) -> None
     plan, problems = paper_plan(QUICK, "bos=smollm2-135m", path)
     assert problems == []
     assert plan.size("standard") == (128, 6) and plan.size("bos") == (128, 6)  # bos follows the standard size
-    assert plan.size("sliding") == (1024, QUICK.gemma_num_seqs) and plan.size("large-base") == QUICK.size("large-base")
+    assert plan.size("sliding") == (1024, QUICK.sliding_num_seqs) and plan.size("large-base") == QUICK.size(
+        "large-base"
+    )
     assert (plan.ntk_factors, plan.bootstrap, plan.lab_seeds) == ((2.0, 8.0), 50, (3,))
     assert plan.roles["bos"].folder == "smollm2-135m-bos" and plan.roles["sliding"] == ROLES["sliding"]
     path.write_text("roles:\n  nosuch: x\n  standard: {seq_len: -1}\nbase: {bootstrap: many, ntk_factors: []}\n")

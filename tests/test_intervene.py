@@ -3,7 +3,6 @@ effect table against the definition of DESIGN.md §3.4 on hand-built runs; `inte
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -12,17 +11,19 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from cli import file_stamps, run_main, strict_json_files
+from cli import assert_one_line_error, file_stamps, run_main, strict_json_files
 from tiny import FAMILIES, SINK_T, WINDOW, sink_ids, sink_model, sink_scores, tiny_model, tiny_tokenizer
-from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from posleak.capture import AttentionEdits, CaptureSession, ResidualCapture, use_posleak_attention
 from posleak.commands.intervene import effect_table, intervene
 from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
 from posleak.intervene import Interventions
+from posleak.intervene.base import Intervention, Option, SinkHeads, Values
 from posleak.intervene.embedding import mean_embedding
-from posleak.intervene.spec import parse_heads
+from posleak.intervene.heads import parse_heads
+from posleak.intervene.registry import REGISTRY
 from posleak.measure import LAYER_MAGNITUDES, behaviour, measured_magnitudes
 from posleak.measure.behaviour import behaviour_table
 from posleak.measure.bootstrap import resample_weights
@@ -263,7 +264,7 @@ def test_sink_heads_of_a_model_built_with_them(
     assert {layer: tuple(analytic[layer].gt(0.3).nonzero().flatten().tolist()) for layer in range(3)} == expected
     batch = _verbatim(sink_ids())
     config = AnalyzeConfig(seq_len=SINK_T, num_seqs=batch.num_seqs, batch_size=2)
-    heads = sink_heads_of(sink_model(logits), batch, config)
+    heads = sink_heads_of(sink_model(logits), batch, config.execution.batch_size)
     assert heads == expected
     edits = Interventions(ablate_sink_values="auto").attention_edits(heads)
     assert edits.ablate_key0 == {layer: chosen for layer, chosen in expected.items() if chosen}
@@ -276,7 +277,7 @@ def test_auto_ablation_ablates_exactly_the_sink_heads() -> None:
     config = AnalyzeConfig(
         seq_len=SINK_T, num_seqs=batch.num_seqs, bootstrap=0, interventions=Interventions(ablate_sink_values="auto")
     )
-    result = analyze_model(sink_model(SINK_LOGITS), batch, config, model_id="sink-lab", progress=False)
+    result = analyze_model(sink_model(SINK_LOGITS), batch, config.analysis, model_id="sink-lab", progress=False)
     ablated = result.manifest["interventions"][0]["sink_heads_ablated"]
     assert ablated == {str(layer): list(heads) for layer, heads in SINK_HEADS.items()}
     scores = result.per_head.sort_values(["layer", "head"])["sink_score"].to_numpy().reshape(3, 4)
@@ -429,10 +430,10 @@ def test_intervene_bos_off_removes_the_bos_and_nothing_else(tmp_path: Path, chec
     run = intervene(str(folder), config, out=tmp_path / "run", progress=False)
 
     loaded = load_model(str(folder))
-    with_bos = sequences_for(loaded, dataclasses.replace(config, bos="on"))
+    with_bos = sequences_for(loaded, config.replace(bos="on").recipe)
     assert (with_bos.ids[:, 0] == 0).all() and run.baseline.manifest["bos"]["policy"] == "on"
     cut = with_bos.ids[:, 1:]
-    reference = analyze_model(loaded.model, _verbatim(cut), config, model_id="reference", progress=False)
+    reference = analyze_model(loaded.model, _verbatim(cut), config.analysis, model_id="reference", progress=False)
     pd.testing.assert_frame_equal(_numbers(run.intervened.per_layer), _numbers(reference.per_layer))
     pd.testing.assert_frame_equal(run.intervened.tokens, reference.tokens)
     assert run.intervened.manifest["data"]["seq_len"] == 23
@@ -514,8 +515,8 @@ def test_intervene_rope_scaling_reloads_the_model_with_the_scaled_base(
     twin = LlamaForCausalLM(LlamaConfig(**{**saved, "rope_parameters": {"rope_type": "default", "rope_theta": scaled}}))
     twin.load_state_dict(loaded.model.state_dict())
     twin = use_posleak_attention(twin.float().eval())
-    batch = sequences_for(loaded, config)
-    reference = analyze_model(twin, batch, dataclasses.replace(config, interventions=Interventions()), progress=False)
+    batch = sequences_for(loaded, config.recipe)
+    reference = analyze_model(twin, batch, config.replace(interventions=Interventions()).analysis, progress=False)
     pd.testing.assert_frame_equal(_numbers(run.intervened.per_layer), _numbers(reference.per_layer))
     assert not np.allclose(run.intervened.per_layer["mask_all"], run.baseline.per_layer["mask_all"])
     _assert_effect_file_matches_the_runs(tmp_path / "run")
@@ -552,7 +553,7 @@ def test_next_token_scores_equal_transformers_loss_with_eager_attention(family: 
     model = use_posleak_attention(tiny_model(family))
     ids = _ids(model, batch=4)
     config = AnalyzeConfig(seq_len=T, num_seqs=4, batch_size=3, bootstrap=0)
-    result = analyze_model(model, _verbatim(ids), config, model_id=family, progress=False)
+    result = analyze_model(model, _verbatim(ids), config.analysis, model_id=family, progress=False)
     nll, hits, loss = _eager_scores(model, ids)
     got_nll, got_hits = _scores(result.tokens, (4, T - 1))
     assert result.tokens["nll"].mean() == pytest.approx(loss, abs=1e-5)
@@ -583,9 +584,9 @@ def test_next_token_scores_over_slices_of_the_vocabulary_equal_transformers_loss
 @pytest.mark.slow
 def test_real_model_next_token_scores_equal_transformers_loss(smollm2: LoadedModel) -> None:
     """The same on SmolLM2-135M (a 49,152-word output layer, formed a slice of the vocabulary at a time)."""
-    batch = sequences_for(smollm2, AnalyzeConfig(seq_len=96, num_seqs=2))
+    batch = sequences_for(smollm2, AnalyzeConfig(seq_len=96, num_seqs=2).recipe)
     config = AnalyzeConfig(seq_len=96, num_seqs=2, batch_size=2, bootstrap=0)
-    result = analyze_model(smollm2.model, batch, config, loaded=smollm2, progress=False)
+    result = analyze_model(smollm2.model, batch, config.analysis, loaded=smollm2, progress=False)
     nll, hits, loss = _eager_scores(smollm2.model, batch.ids)
     got_nll, got_hits = _scores(result.tokens, (2, 95))
     # posleak's attention kernel and eager round differently in float32 through 30 layers: 1e-5-size differences
@@ -602,13 +603,15 @@ def test_window_wider_than_the_sequences_changes_no_prediction(tmp_path: Path, c
     transformers' own loss (eager attention) on the same ids."""
     folder, corpus = checkpoint
     spec = Interventions(window="1000")
-    config = AnalyzeConfig(seq_len=24, num_seqs=6, batch_size=4, corpus=str(corpus), bootstrap=40, interventions=spec)
+    config = AnalyzeConfig(
+        seq_len=24, num_seqs=6, batch_size=4, corpus=str(corpus), bootstrap=40, interventions=spec
+    )
     run = intervene(str(folder), config, out=tmp_path / "run", progress=False)
     pd.testing.assert_frame_equal(run.intervened.tokens, run.baseline.tokens, check_exact=True)
     assert (run.behaviour[["change", "change_lo", "change_hi"]].to_numpy() == 0).all()
 
     loaded = load_model(str(folder))
-    _, hits, loss = _eager_scores(loaded.model, sequences_for(loaded, config).ids)
+    _, hits, loss = _eager_scores(loaded.model, sequences_for(loaded, config.recipe).ids)
     overall = run.behaviour[run.behaviour["bucket"] == "all"].set_index("measure")
     assert overall.loc["loss", "baseline"] == pytest.approx(loss, abs=1e-5)
     assert overall.loc["accuracy", "baseline"] == pytest.approx(hits.double().mean().item(), abs=1e-12)
@@ -662,3 +665,57 @@ def test_behaviour_intervals_are_the_paired_resamples_of_sequences(shift: int) -
             assert row["change"] == pytest.approx(v_cell.mean() - b_cell.mean(), rel=1e-12, abs=1e-12)
             assert row["change_lo"] == pytest.approx(np.percentile(changes, 2.5), rel=1e-9, abs=1e-12)
             assert row["change_hi"] == pytest.approx(np.percentile(changes, 97.5), rel=1e-9, abs=1e-12)
+
+
+# ------------------------------------------------------------------------------- a new intervention, registered
+
+
+class ScaleOutputs(Intervention):
+    """A toy intervention, whole in one class as a new module would hold it: every attention output scaled by K."""
+
+    name = "scale_outputs"
+    options = (Option("scale_outputs", metavar="K", help="multiply every attention output by K > 0"),)
+
+    def problems(self, values: Values, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
+        spec = values["scale_outputs"]
+        try:
+            good = spec is None or float(spec) > 0
+        except ValueError:
+            good = False
+        return [] if good else [f"bad --scale-outputs {spec!r}; use a factor K > 0"]
+
+    def edit_attention(
+        self,
+        values: Values,
+        edits: AttentionEdits,
+        sink_heads: SinkHeads | None,
+        model: PreTrainedModel | None,
+        tokenizer: PreTrainedTokenizerBase | None,
+    ) -> None:
+        factor = float(values["scale_outputs"])
+        edits.output_edits = (*edits.output_edits, lambda call: call.output * factor)
+
+
+def test_a_registered_intervention_reaches_the_command_line_its_checks_the_manifest_and_the_model(
+    tmp_path: Path, checkpoint: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Adding an intervention is one class registered by name: `posleak intervene` then offers its option, refuses
+    its bad values like any other's, records it in the manifest and installs it, so that the model's predictions
+    and the magnitudes change."""
+    monkeypatch.setitem(REGISTRY, ScaleOutputs.name, ScaleOutputs())
+    folder, corpus = checkpoint
+    args = ("intervene", str(folder), "--corpus", str(corpus), "--seq-len", "24", "--num-seqs", "4",
+            "--bootstrap", "20")  # fmt: skip
+    assert "--scale-outputs K" in run_main("intervene", "-h").stdout
+    assert_one_line_error(run_main(*args, "--scale-outputs", "-1", "--out", str(tmp_path / "bad")), "--scale-outputs")
+    assert not (tmp_path / "bad").exists()
+
+    out = tmp_path / "run"
+    proc = run_main(*args, "--scale-outputs", "0.5", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((out / "manifest.json").read_text())["interventions"] == {"scale_outputs": "0.5"}
+    base, new = (pd.read_parquet(out / name / "tokens.parquet") for name in ("baseline", "intervened"))
+    assert (base["nll"] - new["nll"]).abs().max() > 1e-3  # the model's own predictions changed
+    _assert_effect_file_matches_the_runs(out)
+    effect = pd.read_parquet(out / "effect.parquet").query("layer == -1").set_index("measure")
+    assert effect.loc["resid_all", "pct_change"] != 0

@@ -129,3 +129,8 @@ def test_functions_and_modules_stay_short() -> None:
                     long_functions.append(f"{path}:{node.lineno}: {node.name}, {node.end_lineno - start + 1} lines")
     assert not long_modules, f"modules over {MAX_MODULE_LINES} lines: {long_modules}"
     assert not long_functions, f"functions over {MAX_FUNCTION_LINES} lines: {long_functions}"
+
+
+def test_the_package_docstring_gives_the_floors_in_the_layouts_order() -> None:
+    doc = " ".join((PACKAGE / "__init__.py").read_text().split('"""')[1].split())
+    assert " → ".join(name for name, _ in FLOORS) in doc, "posleak/__init__.py's floor order is not the layout's"

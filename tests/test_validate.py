@@ -32,8 +32,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from tiny import tiny_checkpoint, tiny_tokenizer, word_corpus
 
-from posleak.data.batches import BOS_POLICIES, load_token_file, make_sequences
+from posleak.data.batches import load_token_file, make_sequences
 from posleak.data.corpus import load_corpus
+from posleak.data.kinds import BOS_POLICIES
 from posleak.errors import PosleakError
 from posleak.pipeline import AnalysisResult
 from posleak.store import LOCK, RunFolder
@@ -165,7 +166,7 @@ def test_replace_bos_runs_on_a_token_file_that_starts_with_the_bos(model: Path, 
     assert RunFolder(out).is_complete and not (out / LOCK).exists()
     for run in ("baseline", "intervened"):
         manifest = json.loads((out / run / "manifest.json").read_text())
-        assert manifest["data"]["bos_policy"] == "verbatim" and manifest["data"]["bos_id"] == 0
+        assert manifest["data"]["bos"] == "verbatim" and manifest["data"]["bos_id"] == 0
         assert manifest["bos"]["position0_tokens"] == [{"id": 0, "text": "<bos>", "sequences": 4}]
 
 

@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 
 from posleak.capture.masks import MaskSpec
 from posleak.capture.residual import base_of
+from posleak.data.kinds import AblateMode
 from posleak.errors import PosleakError
 
 _ACTIVE: ContextVar[CaptureSession | None] = ContextVar("posleak_capture_session", default=None)
@@ -108,7 +109,7 @@ class AttentionEdits:
 
     window: int | Literal["global"] | None = None
     ablate_key0: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    ablate_mode: Literal["zero", "mean"] = "zero"
+    ablate_mode: AblateMode = "zero"
     output_edits: tuple[OutputEdit, ...] = ()
 
     def edited_output(self, call: AttentionCall) -> torch.Tensor:

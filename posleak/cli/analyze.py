@@ -1,8 +1,9 @@
 """`posleak inspect`, `analyze`, `intervene`, `batch`, `compare` and `paper`: the measurement commands.
 
 The parsers import nothing heavy (torch, transformers, pandas take seconds): options that mirror a field of
-`AnalyzeConfig` or `Interventions` have no argparse default (`argparse.SUPPRESS`), so the dataclass's own
-default applies and is written in one place; the handlers import what they run.
+`AnalyzeConfig` or an intervention's option (posleak.intervene.registry, which makes those options) have no
+argparse default (`argparse.SUPPRESS`), so the default of the field or option applies and is written in one place;
+the handlers import what they run.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from dataclasses import fields
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from posleak.data.kinds import BOS_POLICIES, GRIDS, NULLS
 from posleak.device import DEVICE_MAPS, DEVICES, DTYPES, Placement
+from posleak.intervene.registry import option_defaults, registered_options
 from posleak.runner import BACKENDS
 from posleak.store.jsonfile import dumps
 
@@ -86,7 +89,7 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=unset, help="sequence length T")
     parser.add_argument("--num-seqs", type=int, default=unset, help="number of sequences N")
     parser.add_argument("--batch-size", type=int, default=unset, help="sequences per forward pass")
-    parser.add_argument("--bos", choices=["auto", "on", "off"], default=unset, help="BOS at position 0")
+    parser.add_argument("--bos", choices=BOS_POLICIES, default=unset, help="BOS at position 0")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--corpus", default=unset, help="stdlib | bible-web | FILE.txt | FOLDER | FILE.jsonl[:field]")
     source.add_argument("--tokens", default=unset, help="a .npy file of token ids (N×T), taken verbatim")
@@ -95,7 +98,7 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--grid",
-        choices=["coarse", "exact"],
+        choices=GRIDS,
         default=unset,
         help="resolution of the profile and offset-map tables (exact: one cell per pair, T ≤ 256); "
         "magnitudes are over single pairs whatever the grid",
@@ -122,7 +125,7 @@ def add_null_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("nulls (docs/method.md §14)")
     group.add_argument(
         "--null",
-        choices=["shift", "shuffle"],
+        choices=NULLS,
         default=unset,
         help="analyse the same sequences with each row's tokens circularly shifted or shuffled (a BOS stays at 0)",
     )
@@ -167,37 +170,35 @@ def placement_from(args: argparse.Namespace) -> Placement:
 
 
 def add_intervention_options(parser: argparse.ArgumentParser) -> None:
-    unset = argparse.SUPPRESS
+    """One option for each registered intervention's options (posleak.intervene.registry), in its order."""
     group = parser.add_argument_group("interventions (docs/method.md §9)")
-    group.add_argument("--replace-bos", default=unset, metavar="mean|random|zero|token:TEXT")
-    group.add_argument("--patch-pos0", default=unset, metavar="SOURCE", help="TEXT of one token, or id:N")
-    group.add_argument("--patch-layers", default=unset, metavar="L..", help="resid indices: all | L | A..B | L,L")
-    group.add_argument("--ablate-sink-values", default=unset, metavar="auto|L.H,...")
-    group.add_argument("--ablate-mode", choices=["zero", "mean"], default=unset, help="what replaces an ablated value")
-    group.add_argument(
-        "--patch-kv0", default=unset, metavar="SOURCE", help="key 0's key and value in --kv0-heads from this token"
-    )
-    group.add_argument("--kv0-heads", default=unset, metavar="auto|L.H,...", help="the heads --patch-kv0 patches")
-    group.add_argument("--rope-scaling", default=unset, metavar="ntk:K|linear:K|dynamic:K|yarn:K")
-    group.add_argument("--window", default=unset, metavar="W|global")
+    for option in registered_options():
+        if option.flag:
+            group.add_argument(
+                option.flag_name,
+                default=argparse.SUPPRESS,
+                metavar=None if option.choices else option.metavar,
+                choices=option.choices,
+                help=option.help,
+            )
 
 
-def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
-    """The options given on the command line that are fields of the dataclass `cls`."""
-    names = {f.name for f in fields(cls)}
-    return {name: value for name, value in vars(args).items() if name in names}
+def given(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
+    """The options given on the command line among `names`."""
+    wanted = set(names)
+    return {name: value for name, value in vars(args).items() if name in wanted}
 
 
 def interventions_from(args: argparse.Namespace) -> Interventions:
     from posleak.intervene import Interventions
 
-    return Interventions(**given(args, Interventions))
+    return Interventions(**given(args, option_defaults()))
 
 
 def config_from(args: argparse.Namespace, interventions: Interventions) -> AnalyzeConfig:
     from posleak.pipeline import AnalyzeConfig
 
-    return AnalyzeConfig(**{**given(args, AnalyzeConfig), "interventions": interventions})
+    return AnalyzeConfig(**given(args, AnalyzeConfig.OPTIONS), interventions=interventions)
 
 
 def _inspect(args: argparse.Namespace) -> int:

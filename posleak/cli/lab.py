@@ -8,6 +8,7 @@ defaults apply. The handlers import what they run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -119,7 +120,8 @@ def _train_options(args: argparse.Namespace) -> dict[str, Any]:
     from posleak.lab.trainer import TrainConfig
 
     # --task names the lab's tasks, set per trial
-    return {name: value for name, value in given(args, TrainConfig).items() if name != "task" and value is not None}
+    options = given(args, (field.name for field in dataclasses.fields(TrainConfig)))
+    return {name: value for name, value in options.items() if name != "task" and value is not None}
 
 
 def _train_config(args: argparse.Namespace) -> TrainConfig:

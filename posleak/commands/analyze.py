@@ -27,5 +27,8 @@ def analyze(
     if out is not None and finished_here(RunFolder(Path(out)), spec, config):
         return AnalysisResult.read(RunFolder(Path(out)))  # finished before: skip loading the model
     loaded, batch = prepare(spec, config, out, trust_remote_code)
-    loaded = load_for(spec, config.interventions, trust_remote_code, base=loaded, placement=config.placement)
-    return analyze_model(loaded.model, batch, config, out=out, loaded=loaded, progress=progress)
+    placement = config.execution.placement
+    loaded = load_for(spec, config.interventions, trust_remote_code, base=loaded, placement=placement)
+    return analyze_model(
+        loaded.model, batch, config.analysis, recipe=config.recipe, out=out, loaded=loaded, progress=progress
+    )

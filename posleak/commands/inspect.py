@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from posleak.data.batches import BOS_POLICIES, pos0_token
+from posleak.data.batches import pos0_token
 from posleak.data.corpus import DEFAULT_CORPUS
+from posleak.data.kinds import BOS_POLICIES
+from posleak.data.recipe import Recipe
 from posleak.device import Placement
 from posleak.errors import BadInput, PosleakError
 from posleak.models.load import load_model
-from posleak.pipeline import AnalyzeConfig, attention_stats, sequences_for
+from posleak.pipeline import attention_stats, sequences_for
 
 
 def inspect_model(
@@ -35,16 +37,16 @@ def inspect_model(
     loaded = load_model(spec, trust_remote_code=trust_remote_code, placement=placement)
     tokenizer = loaded.tokenizer
     position0: dict[str, Any] = {}
-    for policy in BOS_POLICIES:
+    for bos in BOS_POLICIES:
         try:
-            token = pos0_token(tokenizer, policy)
+            token = pos0_token(tokenizer, bos)
         except PosleakError as err:  # `on` for a tokenizer without BOS
-            position0[policy] = {"error": str(err)}
+            position0[bos] = {"error": str(err)}
             continue
-        position0[policy] = (
+        position0[bos] = (
             {"id": token, "text": tokenizer.decode([token])} if token is not None else "first content token"
         )
-    sampling = AnalyzeConfig(seq_len=seq_len, num_seqs=num_seqs, bos="auto", corpus=DEFAULT_CORPUS, seed=0)
+    sampling = Recipe(seq_len=seq_len, num_seqs=num_seqs, bos="auto", corpus=DEFAULT_CORPUS, seed=0)
     batch = sequences_for(loaded, sampling)
     result = attention_stats(loaded.model, batch, batch_size, desc=f"sink rate {spec}", progress=progress)
     return {

@@ -56,7 +56,7 @@ class InterventionRun:
 def intervene(
     spec: str, config: AnalyzeConfig, *, out: Path | str, trust_remote_code: bool = False, progress: bool = True
 ) -> InterventionRun:
-    """Run `spec` without and with `config.interventions` (and `--bos off` as declared in config.bos).
+    """Run `spec` without and with `config.interventions` (and `--bos off` as declared in the recipe's bos).
 
     Every problem with the input is refused at once (BadInput) before the baseline runs or anything is written."""
     folder = RunFolder(Path(out))
@@ -66,23 +66,36 @@ def intervene(
     with folder.claim(args) as state:
         if state == COMPLETE:
             return _read(folder)
+        base = baseline_config(config)
         baseline = analyze_model(
             base_model.model,
             batch,
-            baseline_config(config),
+            base.analysis,
+            recipe=base.recipe,
             out=folder.path / "baseline",
             loaded=base_model,
             progress=progress,
         )
-        model = load_for(spec, config.interventions, trust_remote_code, base=base_model, placement=config.placement)
-        intervened_batch = without_bos(batch) if config.bos == "off" else batch
+        placement = config.execution.placement
+        model = load_for(spec, config.interventions, trust_remote_code, base=base_model, placement=placement)
+        intervened_batch = without_bos(batch) if config.recipe.bos == "off" else batch
         intervened = analyze_model(
-            model.model, intervened_batch, config, out=folder.path / "intervened", loaded=model, progress=progress
+            model.model,
+            intervened_batch,
+            config.analysis,
+            recipe=config.recipe,
+            out=folder.path / "intervened",
+            loaded=model,
+            progress=progress,
         )
         effect = effect_table(baseline, intervened)
         folder.write_table("effect", effect)
         behaviour = behaviour_table(
-            baseline, intervened, early=config.early, resamples=config.bootstrap, seed=config.seed
+            baseline,
+            intervened,
+            early=config.measure.early,
+            resamples=config.measure.bootstrap,
+            seed=config.measure.seed,
         )
         folder.write_table("behaviour", behaviour)
         _report(folder, spec, config, baseline, intervened, effect, behaviour)
@@ -96,7 +109,8 @@ def _read(folder: RunFolder) -> InterventionRun:
 
 def baseline_config(config: AnalyzeConfig) -> AnalyzeConfig:
     """The baseline of an intervention: no interventions, and the BOS on where `--bos off` removes it."""
-    return dataclasses.replace(config, interventions=Interventions(), bos="on" if config.bos == "off" else config.bos)
+    bos = config.recipe.bos
+    return config.replace(interventions=Interventions(), bos="on" if bos == "off" else bos)
 
 
 def checked_intervention(
@@ -107,28 +121,28 @@ def checked_intervention(
     included); BadInput lists every problem. Nothing is run on the model and nothing is written."""
     check = Preparation(out)
     problems = check.problems
-    interventions, bos_off = config.interventions, config.bos == "off"
+    interventions, bos_off, tokens = config.interventions, config.recipe.bos == "off", config.recipe.tokens
     if interventions.is_empty and not bos_off:
         problems.add("posleak intervene needs at least one intervention option (see posleak intervene -h)")
     base = baseline_config(config)
     check.refuse_placement(config, with_options=False)
-    check.load(spec, trust_remote_code, config.placement)
+    check.load(spec, trust_remote_code, config.execution.placement)
     loaded = check.loaded
-    if bos_off and config.tokens is None and loaded is not None and loaded.tokenizer.bos_token_id is None:
+    if bos_off and tokens is None and loaded is not None and loaded.tokenizer.bos_token_id is None:
         problems.add(
             f"--bos off as an intervention removes the BOS at position 0, and {spec}'s tokenizer has none; "
             "drop --bos off"
         )
-        base = dataclasses.replace(base, bos="off")  # still check the other options on the sequences it can make
+        base = base.replace(bos="off")  # still check the other options on the sequences it can make
     check.make_sequences(base)
     batch = check.batch
-    if bos_off and batch is not None and batch.bos_id is None and config.tokens is not None:
+    if bos_off and batch is not None and batch.bos_id is None and tokens is not None:
         problems.add(
-            f"--bos off as an intervention removes the BOS at position 0, and the rows of {config.tokens} do not all "
+            f"--bos off as an intervention removes the BOS at position 0, and the rows of {tokens} do not all "
             "start with the tokenizer's BOS id; put it in the file's first column or drop --bos off"
         )
     elif not bos_off and loaded is not None and batch is not None:
-        problems.extend(token_file_bos_problems(loaded, batch, config))
+        problems.extend(token_file_bos_problems(loaded, batch, config.recipe))
     bos_at_0 = check.bos_at_0
     if bos_off and interventions.replace_bos is not None:
         problems.add("--replace-bos acts on the BOS that --bos off removes; run them as two interventions")
@@ -137,13 +151,13 @@ def checked_intervention(
     args: dict[str, object] = {}
     if check.ready:
         assert loaded is not None and batch is not None  # `ready`
-        args = {**run_args(loaded.name, loaded, batch, config), "command": COMMAND}
+        args = {**run_args(loaded.name, loaded, batch, config.identity()), "command": COMMAND}
         intervened = without_bos(batch) if bos_off else batch
         check.check_folders(
             {
                 Path(out): args,
-                Path(out) / "baseline": run_args(loaded.name, loaded, batch, base),
-                Path(out) / "intervened": run_args(loaded.name, loaded, intervened, config),
+                Path(out) / "baseline": run_args(loaded.name, loaded, batch, base.identity()),
+                Path(out) / "intervened": run_args(loaded.name, loaded, intervened, config.identity()),
             }
         )
     loaded, batch = check.done()
@@ -205,7 +219,7 @@ def _report(
         )
         for measure in measured_magnitudes(baseline.per_layer, intervened.per_layer)
     ]
-    described = config.interventions.describe() | ({"bos": "off"} if config.bos == "off" else {})
+    described = config.interventions.describe() | ({"bos": "off"} if config.recipe.bos == "off" else {})
     overall = effect[effect["layer"] == OVERALL]
     lines = [
         f"- **{row.measure}**: {row.pct_change:+.1f}% (95% CI {row.pct_lo:+.1f}% to {row.pct_hi:+.1f}%)"

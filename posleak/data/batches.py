@@ -16,21 +16,18 @@ import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from posleak.data.bos import tokenizer_prepends_bos
 from posleak.data.corpus import Corpus
+from posleak.data.kinds import BOS_POLICIES, VERBATIM, BosPolicy, NullKind, Verbatim
 from posleak.errors import BadInput, PosleakError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-BosPolicy = Literal["auto", "on", "off"]
-BOS_POLICIES: tuple[str, ...] = get_args(BosPolicy)
-VERBATIM = "verbatim"
 
 
 @dataclass(frozen=True)
@@ -38,13 +35,13 @@ class TokenBatch:
     """N sequences of T token ids, with what position 0 holds and where the tokens came from."""
 
     ids: torch.Tensor  # LongTensor N×T
-    bos_policy: str  # as requested: auto, on, off, or verbatim for a token file
+    bos: BosPolicy | Verbatim  # the BOS policy as requested, or verbatim for a token file
     bos_id: int | None  # the BOS at position 0 of every row (put there, or found in a token file); else None
     pos0_token_ids: torch.Tensor  # LongTensor N: the token actually at position 0 of each row
     source: str  # corpus fingerprint or SHA-256 of the token file
     source_name: str  # corpus name or token file path
     seed: int | None  # the window-selection seed; None for a token file
-    null: str | None = None  # "shift" or "shuffle" when this is a null of another batch
+    null: NullKind | None = None  # when this is a null of another batch
     null_seed: int | None = None
     source_origin: str | None = None  # a packaged corpus's package, version and file SHA-256 (Corpus.origin)
 
@@ -63,7 +60,7 @@ class TokenBatch:
     def provenance(self) -> dict[str, Any]:
         distinct = torch.unique(self.pos0_token_ids)
         return {
-            "bos_policy": self.bos_policy,
+            "bos": self.bos,
             "bos_id": self.bos_id,
             # One id when every row starts with the same token (a BOS), else how many differ.
             "pos0_token_id": int(distinct[0]) if len(distinct) == 1 else None,
@@ -79,17 +76,17 @@ class TokenBatch:
         }
 
 
-def pos0_token(tokenizer: PreTrainedTokenizerBase, policy: BosPolicy) -> int | None:
-    """The BOS id a policy puts at position 0, or None when position 0 holds the first content token."""
-    if policy not in BOS_POLICIES:
-        raise PosleakError(f"unknown BOS policy '{policy}'; use one of {', '.join(BOS_POLICIES)}")
-    bos = tokenizer.bos_token_id
-    if policy == "on" and bos is None:
+def pos0_token(tokenizer: PreTrainedTokenizerBase, bos: BosPolicy) -> int | None:
+    """The BOS id the BOS policy `bos` puts at position 0, or None when position 0 holds the first content token."""
+    if bos not in BOS_POLICIES:
+        raise PosleakError(f"unknown BOS policy '{bos}'; use one of {', '.join(BOS_POLICIES)}")
+    bos_id = tokenizer.bos_token_id
+    if bos == "on" and bos_id is None:
         raise PosleakError(
             f"BOS requested (bos=on) but tokenizer {type(tokenizer).__name__} has no BOS token; use bos=off or auto"
         )
-    if policy == "on" or (policy == "auto" and tokenizer_prepends_bos(tokenizer)):
-        return bos
+    if bos == "on" or (bos == "auto" and tokenizer_prepends_bos(tokenizer)):
+        return bos_id
     return None
 
 
@@ -124,7 +121,7 @@ def make_sequences(
         ids = torch.cat([torch.full((num_seqs, 1), bos_id, dtype=torch.long), ids], dim=1)
     return TokenBatch(
         ids=ids,
-        bos_policy=bos,
+        bos=bos,
         bos_id=bos_id,
         pos0_token_ids=ids[:, 0].clone(),
         source=corpus.fingerprint,
@@ -221,7 +218,7 @@ def load_token_file(
     found_bos = bos_id is not None and bool((ids[:, 0] == bos_id).all())
     return TokenBatch(
         ids=ids,
-        bos_policy=VERBATIM,
+        bos=VERBATIM,
         bos_id=bos_id if found_bos else None,
         pos0_token_ids=ids[:, 0].clone(),
         source=hashlib.sha256(path.read_bytes()).hexdigest(),
@@ -260,4 +257,4 @@ def without_bos(batch: TokenBatch) -> TokenBatch:
     if batch.bos_id is None:
         raise PosleakError("--bos off as an intervention needs a tokenizer with a BOS token to remove")
     ids = batch.ids[:, 1:]
-    return dataclasses.replace(batch, ids=ids, bos_policy="off", bos_id=None, pos0_token_ids=ids[:, 0].clone())
+    return dataclasses.replace(batch, ids=ids, bos="off", bos_id=None, pos0_token_ids=ids[:, 0].clone())

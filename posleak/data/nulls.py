@@ -11,15 +11,12 @@ position 0's closed system is a subject of its own); only the L content tokens a
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, get_args
 
 import torch
 
 from posleak.data.batches import TokenBatch
+from posleak.data.kinds import NULLS, NullKind
 from posleak.errors import PosleakError
-
-NullKind = Literal["shift", "shuffle"]
-NULLS: tuple[str, ...] = get_args(NullKind)
 
 
 def make_null(batch: TokenBatch, kind: NullKind, seed: int = 0) -> TokenBatch:

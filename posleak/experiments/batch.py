@@ -12,11 +12,12 @@ grid:                             # every combination of these values is one set
   rope_scaling: [null, "ntk:4"]
 ```
 
-Keys of `base` and `grid` are the options of `posleak analyze`, written as `AnalyzeConfig` or `Interventions`
-fields (`seed` sets both, as `--seed` does). Each model × setting is one run folder, OUT/runs/<name>, named by
-the model and the setting; a finished run is read back, never redone, and an interrupted one resumes from its
-checkpoint (the captures of its forwards, then each measured layer). The finished runs are gathered into one
-comparison, `posleak compare`'s table, figures and report, in OUT/comparison.
+Keys of `base` and `grid` are the options of `posleak analyze`, written as `AnalyzeConfig` and the
+interventions' options (posleak.intervene.registry) name them (`seed` sets both, as `--seed` does). Each
+model × setting is one run folder, OUT/runs/<name>, named by the model and the setting; a finished run is read
+back, never redone, and an interrupted one resumes from its checkpoint (the captures of its forwards, then each
+measured layer). The finished runs are gathered into one comparison, `posleak compare`'s table, figures and
+report, in OUT/comparison.
 
 The same units carry `posleak paper`'s analyses (`AnalysisJob` with a sample half). On the Ray backend each
 unfinished analysis is one task needing one CPU, and a GPU where its device is `cuda`; OUT must then be a folder
@@ -28,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from posleak.device import Placement
 from posleak.errors import BadInput, PosleakError
 from posleak.experiments.compare import compare_runs
 from posleak.intervene import Interventions
+from posleak.intervene.registry import option_defaults
 from posleak.models.load import LoadedModel
 from posleak.pipeline import (
     AnalysisResult,
@@ -55,8 +57,10 @@ from posleak.store import RunFolder
 from posleak.store.specfile import SpecFormat, grid_options
 from posleak.validate import Problems, out_folder_problems
 
-CONFIG_KEYS = frozenset(f.name for f in fields(AnalyzeConfig)) - {"interventions"}
-INTERVENTION_KEYS = frozenset(f.name for f in fields(Interventions))
+CONFIG_KEYS = AnalyzeConfig.OPTIONS
+INTERVENTION_KEYS = frozenset(option_defaults())
+# A loaded model's spec, the options of its load-time interventions and its placement (`load_key`)
+LoadKey = tuple[str, tuple[tuple[str, Any], ...], Placement]
 BATCH_FILE = SpecFormat(
     kind="batch file",
     short="batch",
@@ -74,7 +78,7 @@ class ModelCache:
 
     def __init__(self, size: int = 2) -> None:
         self.size = size
-        self._models: dict[tuple[str, str | None, Placement], LoadedModel] = {}
+        self._models: dict[LoadKey, LoadedModel] = {}
 
     def get(self, spec: str, interventions: Interventions, placement: Placement) -> LoadedModel:
         key = load_key(spec, interventions, placement)
@@ -87,10 +91,10 @@ class ModelCache:
         return loaded
 
 
-def load_key(spec: str, interventions: Interventions, placement: Placement) -> tuple[str, str | None, Placement]:
-    """What tells one loaded model from another: the spec, the RoPE scaling (the only intervention that changes
-    what is loaded) and the placement."""
-    return spec, interventions.rope_scaling, placement
+def load_key(spec: str, interventions: Interventions, placement: Placement) -> LoadKey:
+    """What tells one loaded model from another: the spec, the interventions that change what is loaded (RoPE
+    scaling) and the placement."""
+    return spec, interventions.at_load(), placement
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,7 @@ class AnalysisJob:
 
     def resources(self) -> dict[str, float]:
         """What one Ray task of this job asks for."""
-        return {"num_cpus": 1, "num_gpus": 1 if self.config.device == "cuda" else 0}
+        return {"num_cpus": 1, "num_gpus": 1 if self.config.execution.placement.device == "cuda" else 0}
 
     def finished(self) -> bool:
         """Whether its folder holds this analysis, finished (by the model and options it recorded)."""
@@ -123,8 +127,11 @@ class AnalysisJob:
             return AnalysisResult.read(RunFolder(self.out))
         models = models if models is not None else _PROCESS_MODELS
         batch = self.sequences(models)
-        loaded = models.get(self.model, self.config.interventions, self.config.placement)
-        return analyze_model(loaded.model, batch, self.config, out=self.out, loaded=loaded, progress=progress)
+        config = self.config
+        loaded = models.get(self.model, config.interventions, config.execution.placement)
+        return analyze_model(
+            loaded.model, batch, config.analysis, recipe=config.recipe, out=self.out, loaded=loaded, progress=progress
+        )
 
 
 # A worker process (a Ray worker) keeps its last models for the next job it is given.
@@ -155,11 +162,11 @@ class _SharingModels:
 def draw_sequences(models: ModelCache, model: str, config: AnalyzeConfig, half_index: int | None) -> TokenBatch:
     """The sequences of `config` for `model`, drawn before any intervention; `half_index` 0 or 1: 2·num_seqs
     drawn once and their first or second half (see `AnalysisJob`)."""
-    plain = dataclasses.replace(config, interventions=Interventions())
-    loaded = models.get(model, Interventions(), config.placement)
+    recipe = config.recipe
+    loaded = models.get(model, Interventions(), config.execution.placement)
     if half_index is None:
-        return sequences_for(loaded, plain)
-    return half(sequences_for(loaded, dataclasses.replace(plain, num_seqs=2 * plain.num_seqs)), half_index)
+        return sequences_for(loaded, recipe)
+    return half(sequences_for(loaded, dataclasses.replace(recipe, num_seqs=2 * recipe.num_seqs)), half_index)
 
 
 def half(batch: TokenBatch, index: int) -> TokenBatch:
@@ -194,7 +201,7 @@ def by_model(jobs: Sequence[AnalysisJob]) -> list[int]:
     model unscaled for its sequences, so a cache of two loads each once. A paper's jobs come by sample and claim:
     in that order they went back to models the cache had evicted (16 loads instead of 5 in `paper --quick`'s
     shared analyses)."""
-    loads = [load_key(job.model, job.config.interventions, job.config.placement) for job in jobs]
+    loads = [load_key(job.model, job.config.interventions, job.config.execution.placement) for job in jobs]
     models = {model: k for k, model in enumerate(dict.fromkeys(load[::2] for load in loads))}  # spec, placement
     kinds = {load: k for k, load in enumerate(dict.fromkeys(loads))}
     return sorted(range(len(jobs)), key=lambda i: (models[loads[i][::2]], kinds[loads[i]]))
@@ -255,10 +262,10 @@ def batch_problems(jobs: Sequence[AnalysisJob], out: Path) -> list[str]:
         problems.add(f"batch runs {twice} would share a folder; give the models different folder names")
     loaded: dict[tuple[str, Placement], LoadedModel | None] = {}
     for job in jobs:
-        key = (job.model, job.config.placement)
+        key = (job.model, job.config.execution.placement)
         if key not in loaded:
             found = Problems()
-            loaded[key] = checked_model(found, job.model, False, job.config.placement)
+            loaded[key] = checked_model(found, job.model, False, job.config.execution.placement)
             problems.extend([f"{job.model}: {p}" for p in found.found])
         if loaded[key] is None:
             continue

@@ -1,5 +1,6 @@
-"""Interventions (docs/method.md §9): BOS replacement, position-0 patching, sink-value ablation,
-RoPE scaling at load time, and window overrides, bundled in `Interventions`."""
+"""Interventions (docs/method.md §9), one module each behind one protocol (`base.Intervention`), registered by
+name (`registry`): BOS replacement, position-0 patching, sink-value ablation, the path-specific key-0 patch,
+RoPE scaling at load time and window overrides; `Interventions` holds one run's options of all of them."""
 
 from posleak.intervene.spec import Interventions
 

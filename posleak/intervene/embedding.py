@@ -18,8 +18,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posleak.capture.session import active_session
 from posleak.errors import PosleakError
-
-REPLACEMENTS = ("mean", "random", "zero", "token:TEXT")
+from posleak.intervene.replace_bos import REPLACEMENTS
 
 
 @torch.no_grad()

@@ -10,11 +10,12 @@ the scaling in every layer type.
 from __future__ import annotations
 
 import copy
-from typing import Any
-
-from transformers import PretrainedConfig
+from typing import TYPE_CHECKING, Any
 
 from posleak.errors import PosleakError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 ROPE_KINDS = ("ntk", "linear", "dynamic", "yarn")
 # Far beyond any scaling in use (×4 to ×64); more extreme factors drive RoPE's angles to NaN in float32.

@@ -38,6 +38,8 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from posleak.data.batches import TokenBatch
+from posleak.data.kinds import GridKind
+from posleak.device import Placement
 from posleak.errors import PosleakError
 from posleak.lab.data import TASK_ANALYSIS, TASK_EVAL, TASK_PROBE, LabData, lab_sequences, prepare_data, task_rows
 from posleak.lab.tasks import TASKS, task_tokenizer
@@ -46,7 +48,7 @@ from posleak.lab.trainer import TrainConfig, evaluate_loss, task_solved, torch_t
 from posleak.measure.probe import ProbeConfig, best_r2, probe_positions
 from posleak.models.lab.config import LabSpec
 from posleak.models.lab.model import LabForCausalLM, load_lab_model
-from posleak.pipeline import AnalyzeConfig, analyze_model
+from posleak.pipeline import AnalysisOptions, Execution, MeasureOptions, analyze_model
 from posleak.store.jsonfile import dumps, nan_for_none, write_json
 
 MARKER = "complete.json"
@@ -60,7 +62,7 @@ class EvalConfig:
     probe_seqs: int = 32
     analyze_seqs: int = 32
     batch_size: int = 8
-    grid: str = "coarse"
+    grid: GridKind = "coarse"
     bootstrap: int = 100
     task_seqs: int = 200  # rows of a task scored at each length (exact match)
 
@@ -204,7 +206,7 @@ def measure(model: LabForCausalLM, data: LabData, trial: Trial, folder: Path, pr
         values[f"ppl_{multiple}x"] = math.exp(evaluate_loss(model, ids, ev.batch_size))
     probe_ids = lab_sequences(data, "val", config.seq_len, ev.probe_seqs, spec.bos, config.seed).ids
     batch = lab_sequences(data, "val", config.seq_len, ev.analyze_seqs, spec.bos, config.seed)
-    values |= _position_measures(model, probe_ids, batch, trial, folder, data.tokenizer, config.corpus, progress)
+    values |= _position_measures(model, probe_ids, batch, trial, folder, data.tokenizer, progress)
     return values
 
 
@@ -233,7 +235,7 @@ def measure_task(model: LabForCausalLM, trial: Trial, folder: Path, progress: bo
         source_name=f"task:{task}",
         seed=config.seed,
     )
-    values |= _position_measures(model, probe_ids, batch, trial, folder, task_tokenizer(), f"task:{task}", progress)
+    values |= _position_measures(model, probe_ids, batch, trial, folder, task_tokenizer(), progress)
     return values
 
 
@@ -244,11 +246,10 @@ def _position_measures(
     trial: Trial,
     folder: Path,
     tokenizer: PreTrainedTokenizerBase,
-    corpus: str,
     progress: bool,
 ) -> dict[str, float]:
     """The position probe on `probe_ids` and the decomposition of `batch`; tables go to `folder`."""
-    spec, config, ev = trial.spec, trial.train, trial.eval
+    config, ev = trial.train, trial.eval
     values: dict[str, float] = {}
     probe = probe_positions(model, probe_ids, ProbeConfig(seed=config.seed, batch_size=ev.batch_size))
     probe.to_parquet(folder / "probe.parquet", index=False)
@@ -259,21 +260,15 @@ def _position_measures(
         # bidirectional prefix has pairs j > i, so prefix models get no decomposition.
         values["mask_all"] = values["resid_all"] = math.nan
         return values
+    options = AnalysisOptions(
+        MeasureOptions(grid=ev.grid, bootstrap=ev.bootstrap, seed=config.seed),
+        # the device is recorded in the manifest; the analysis runs where the model is, in float32
+        Execution(batch_size=ev.batch_size, placement=Placement(device=config.device)),
+    )
     analysis = analyze_model(
         model,
         batch,
-        AnalyzeConfig(
-            seq_len=config.seq_len,
-            num_seqs=batch.num_seqs,
-            batch_size=ev.batch_size,
-            bos="on" if spec.bos else "off",
-            corpus=corpus,
-            cross_documents=True,
-            grid=ev.grid,
-            seed=config.seed,
-            bootstrap=ev.bootstrap,
-            device=config.device,  # recorded in the manifest; the analysis runs where the model is, in float32
-        ),
+        options,
         out=folder / "analysis",
         model_id=f"lab:{trial.name}",
         tokenizer=tokenizer,

@@ -7,7 +7,7 @@ keys by layer type), and whether the tokenizer prepends BOS on its own (`posleak
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from posleak.data.bos import tokenizer_prepends_bos
@@ -44,12 +44,22 @@ class ModelFacts:
 
     @classmethod
     def read(cls, config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase) -> ModelFacts:
+        bos_id = tokenizer.bos_token_id
+        return replace(
+            cls.from_config(config),
+            auto_bos=tokenizer_prepends_bos(tokenizer),
+            bos_token=tokenizer.bos_token if bos_id is not None else None,
+            bos_token_id=bos_id,
+        )
+
+    @classmethod
+    def from_config(cls, config: PretrainedConfig) -> ModelFacts:
+        """The facts a config gives alone, without its tokenizer (the BOS facts stay unknown: no BOS)."""
         text = config.get_text_config(decoder=True)
         heads = text.num_attention_heads
         dims = head_dims(text)
         layer_types, window = _attention_layout(text)
         rope = [_rope_for(text, kind) for kind in layer_types]
-        bos_id = tokenizer.bos_token_id
         return cls(
             architecture=text.model_type,
             layers=text.num_hidden_layers,
@@ -67,9 +77,9 @@ class ModelFacts:
             rotary_dim=tuple(
                 int(dim * p.get("partial_rotary_factor", 1.0)) if p else None for dim, p in zip(dims, rope, strict=True)
             ),
-            auto_bos=tokenizer_prepends_bos(tokenizer),
-            bos_token=tokenizer.bos_token if bos_id is not None else None,
-            bos_token_id=bos_id,
+            auto_bos=False,
+            bos_token=None,
+            bos_token_id=None,
         )
 
     @property
@@ -105,12 +115,6 @@ def head_dims(config: PretrainedConfig) -> tuple[int, ...]:
         return tuple(config.per_layer_config[layer].head_dim for layer in range(config.num_hidden_layers))
     dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return (dim,) * config.num_hidden_layers
-
-
-def sliding_window_of(config: PretrainedConfig) -> int | None:
-    """The width of a config's sliding layers (None when every layer is global): `ModelFacts.sliding_window`
-    from the config alone."""
-    return _widest(_attention_layout(config.get_text_config(decoder=True))[1])
 
 
 def _widest(window: tuple[int | None, ...]) -> int | None:

@@ -65,12 +65,12 @@ def load_model(
     built, e.g. {"rope_parameters": {...}} or {"sliding_window": 128}; unknown fields are refused.
     `cache` is the zoo's cache root for built-in names (default: $POSLEAK_CACHE, ~/.cache/posleak).
     """
+    source, gguf = model_files(spec, trust_remote_code, cache)
+    folder = Path(source)
     if spec in ZOO:
         stamp = zoo.verify(spec, cache)  # hashes every file, so the stamp's hashes describe what loads
-        folder, gguf = zoo.model_dir(spec, cache), None
         file_hash, source_hash = stamp.weights_sha256, stamp.gguf_sha256
     else:
-        folder, gguf = resolve_folder(spec, trust_remote_code)
         file_hash = _weights_hash([folder / gguf] if gguf else sorted(folder.glob("*.safetensors")))
         source_hash = file_hash if gguf else None
     placement = placement or Placement()
@@ -86,6 +86,20 @@ def load_model(
         facts=ModelFacts.read(model.config, tokenizer),
         source_hash=source_hash,
     )
+
+
+def model_files(
+    spec: str, trust_remote_code: bool, cache: Path | str | None = None, download: bool = True
+) -> tuple[str, str | None]:
+    """Where the files of `spec` are, as (source, the GGUF file's name or None): a built-in's cache folder, a
+    local folder (or a .gguf file's), or a hub id's downloaded folder; with `download=False` a hub id that is no
+    local path stays the hub id, from which transformers reads only the files it is asked for (a config)."""
+    if spec in ZOO:
+        return str(zoo.model_dir(spec, cache)), None
+    if not download and HUB_ID.match(spec) and not Path(spec).expanduser().exists():
+        return spec, None
+    folder, gguf = resolve_folder(spec, trust_remote_code)
+    return str(folder), gguf
 
 
 def resolve_folder(spec: str, trust_remote_code: bool) -> tuple[Path, str | None]:

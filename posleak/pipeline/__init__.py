@@ -1,7 +1,7 @@
 """The one pipeline under every command: prepare (every check, all problems at once) → run (capture → measure →
 typed result) → write (tables, manifest, report)."""
 
-from posleak.pipeline.config import AnalyzeConfig
+from posleak.pipeline.config import AnalysisOptions, AnalyzeConfig, Execution, MeasureOptions
 from posleak.pipeline.prepare import (
     Preparation,
     checked_model,
@@ -16,8 +16,11 @@ from posleak.pipeline.result import AnalysisResult, finished_here, resampled_lay
 from posleak.pipeline.run import analyze_model, attention_stats, sink_heads_of
 
 __all__ = [
+    "AnalysisOptions",
     "AnalysisResult",
     "AnalyzeConfig",
+    "Execution",
+    "MeasureOptions",
     "Preparation",
     "analyze_model",
     "attention_stats",

@@ -18,6 +18,7 @@ from posleak.capture.residual import decoder_layers, skipped_layers
 from posleak.data.batches import TokenBatch, load_token_file, make_sequences, shape_problems
 from posleak.data.corpus import load_corpus
 from posleak.data.nulls import make_null
+from posleak.data.recipe import Recipe
 from posleak.device import Placement
 from posleak.intervene import Interventions
 from posleak.models.facts import attention_chunk
@@ -40,10 +41,10 @@ class Preparation:
     def refuse_placement(self, config: AnalyzeConfig, with_options: bool = True) -> None:
         """No model loads where it cannot run: where the placement is refused, refuse now what was found (and,
         `with_options`, the problems of the options that need no model)."""
-        if placement_problems := config.placement.problems():
+        if placement_problems := config.execution.placement.problems():
             self.problems.extend(placement_problems)
             if with_options:
-                self.problems.extend(config.problems(config.seq_len, config.num_seqs))
+                self.problems.extend(config.problems())
             self.problems.raise_any()
 
     def load(self, spec: str, trust_remote_code: bool, placement: Placement, base: LoadedModel | None = None) -> None:
@@ -88,15 +89,15 @@ def prepare(
     every problem. Nothing is run on the model and nothing is written."""
     check = Preparation(out)
     check.refuse_placement(config)
-    check.load(spec, trust_remote_code, config.placement, base)
+    check.load(spec, trust_remote_code, config.execution.placement, base)
     check.make_sequences(config)
     if check.loaded is not None and check.batch is not None:
-        check.problems.extend(token_file_bos_problems(check.loaded, check.batch, config))
+        check.problems.extend(token_file_bos_problems(check.loaded, check.batch, config.recipe))
         check.problems.extend(attention_problems(check.loaded, check.batch))
     check.problems.extend(config.interventions.problems(check.loaded, check.bos_at_0))
     if out is not None and check.ready:
         assert check.loaded is not None and check.batch is not None  # `ready`
-        check.check_folders({Path(out): run_args(check.loaded.name, check.loaded, check.batch, config)})
+        check.check_folders({Path(out): run_args(check.loaded.name, check.loaded, check.batch, config.identity())})
     return check.done()
 
 
@@ -112,22 +113,23 @@ def checked_model(
 def checked_sequences(problems: Problems, loaded: LoadedModel | None, config: AnalyzeConfig) -> TokenBatch | None:
     """The sequences of `config` for `loaded` (None: it did not load), adding what stops them and every problem
     of the options for their shape to `problems`; None when they cannot be made."""
-    if config.tokens is not None:
+    recipe = config.recipe
+    if recipe.tokens is not None:
         batch = None
         with problems.collecting():
-            batch = sequences_for(loaded, config) if loaded is not None else load_token_file(config.tokens)
+            batch = sequences_for(loaded, recipe) if loaded is not None else load_token_file(recipe.tokens)
         if batch is not None:
-            problems.extend(config.problems(batch.seq_len, batch.num_seqs))
+            problems.extend(config.problems((batch.seq_len, batch.num_seqs)))
         return batch
-    options = config.problems(config.seq_len, config.num_seqs)
-    options += shape_problems(config.seq_len, None, loaded.facts.max_positions if loaded is not None else None)
+    options = config.problems()
+    options += shape_problems(recipe.seq_len, None, loaded.facts.max_positions if loaded is not None else None)
     problems.extend(options)
     if loaded is None or options:
         with problems.collecting():
-            load_corpus(config.corpus)  # the corpus's own problems, at least
+            load_corpus(recipe.corpus)  # the corpus's own problems, at least
         return None
     with problems.collecting():
-        return sequences_for(loaded, config)
+        return sequences_for(loaded, recipe)
     return None
 
 
@@ -152,16 +154,16 @@ def attention_problems(loaded: LoadedModel, batch: TokenBatch) -> list[str]:
     return problems
 
 
-def token_file_bos_problems(loaded: LoadedModel, batch: TokenBatch, config: AnalyzeConfig) -> list[str]:
+def token_file_bos_problems(loaded: LoadedModel, batch: TokenBatch, recipe: Recipe) -> list[str]:
     """A token file is taken verbatim: --bos can only state what its first column holds."""
     bos = loaded.tokenizer.bos_token_id
-    if config.bos == "on" and batch.bos_id is None:
+    if recipe.bos == "on" and batch.bos_id is None:
         has = f"the tokenizer's BOS id {bos}" if bos is not None else "a BOS (the tokenizer has none)"
         return [
             f"--bos on with --tokens: the rows of {batch.source_name} do not all start with {has}; a token file is "
             "taken verbatim, so put the BOS in its first column or drop --bos on"
         ]
-    if config.bos == "off" and batch.bos_id is not None:
+    if recipe.bos == "off" and batch.bos_id is not None:
         return [
             f"--bos off with --tokens: every row of {batch.source_name} starts with the BOS id {bos}; a token file "
             "is taken verbatim, so remove that column or drop --bos off"
@@ -185,35 +187,36 @@ def load_for(
     return loaded
 
 
-def sequences_for(loaded: LoadedModel, config: AnalyzeConfig) -> TokenBatch:
-    """The sequences of `config` for `loaded`: its token file, or sequences drawn from its corpus; their null
-    where `config.null` names one (the same rows, each row's tokens moved: posleak.data.nulls)."""
+def sequences_for(loaded: LoadedModel, recipe: Recipe) -> TokenBatch:
+    """The sequences of `recipe` for `loaded`: its token file, or sequences drawn from its corpus; their null
+    where `recipe.null` names one (the same rows, each row's tokens moved: posleak.data.nulls)."""
     max_len = loaded.facts.max_positions
-    if config.tokens is not None:
+    if recipe.tokens is not None:
         batch = load_token_file(
-            config.tokens, vocab_size=loaded.facts.vocab_size, max_len=max_len, bos_id=loaded.tokenizer.bos_token_id
+            recipe.tokens, vocab_size=loaded.facts.vocab_size, max_len=max_len, bos_id=loaded.tokenizer.bos_token_id
         )
     else:
         batch = make_sequences(
-            load_corpus(config.corpus),
+            load_corpus(recipe.corpus),
             loaded.tokenizer,
-            config.seq_len,
-            config.num_seqs,
-            bos=config.bos,  # type: ignore[arg-type]
-            seed=config.seed,
-            cross_documents=config.cross_documents,
+            recipe.seq_len,
+            recipe.num_seqs,
+            bos=recipe.bos,
+            seed=recipe.seed,
+            cross_documents=recipe.cross_documents,
             max_len=max_len,
         )
-    return batch if config.null is None else make_null(batch, config.null, config.null_seed)  # type: ignore[arg-type]
+    return batch if recipe.null is None else make_null(batch, recipe.null, recipe.null_seed)
 
 
-def run_args(model_id: str, loaded: LoadedModel | None, batch: TokenBatch, config: AnalyzeConfig) -> dict[str, Any]:
-    """What the resume fingerprint covers: the model file, the exact tokens, and every option."""
+def run_args(model_id: str, loaded: LoadedModel | None, batch: TokenBatch, identity: dict[str, Any]) -> dict[str, Any]:
+    """What the resume fingerprint covers: the model file, the exact tokens, and every option (`identity`:
+    `AnalyzeConfig.identity`, or `AnalysisOptions.identity` for sequences made without a recipe)."""
     return {
         "model": model_id,
         "model_sha256": loaded.file_hash if loaded is not None else None,
         "tokens_sha256": _tokens_hash(batch.ids),
-        "config": config.identity(),
+        "config": identity,
     }
 
 

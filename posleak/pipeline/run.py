@@ -1,7 +1,7 @@
 """Running one analysis: forward passes with posleak's attention, capturing each layer's q, k and log Z
 (capture/store.py) and the position-0 residual states → one pass over each layer's logits that measures it
 (measure/decomposition.py) → the typed result, written to the run folder (pipeline/write.py). When the
-captures fit the measure budget (AnalyzeConfig.measure_budget) they stay on the model's device and each layer
+captures fit the measure budget (Execution.measure_budget) they stay on the model's device and each layer
 is measured during the last batch's forward ("in-forward"); else every finished batch is kept on disk (or in
 CPU memory). Every measured layer is kept in the run folder's `.partial/`, so an interrupted run, rerun with
 the same arguments, resumes where it stopped; one process at a time holds the folder.
@@ -31,13 +31,14 @@ from posleak.capture import (
 from posleak.capture.query_stats import QueryStatsResult
 from posleak.capture.store import CallFacts, CaptureFolder, CaptureMemory, Captures, LayerCapture, QKRecorder
 from posleak.data.batches import TokenBatch, iter_batches
+from posleak.data.recipe import Recipe
 from posleak.device import CPU_BUDGET_BYTES, measure_budget, sums_device
 from posleak.errors import BadInput, PosleakError
 from posleak.measure import Decomposition, LayerResult, MeasureSpec, measure_layer
 from posleak.measure.behaviour import next_token_scores, token_table
-from posleak.models.facts import head_dims
+from posleak.models.facts import ModelFacts
 from posleak.models.load import LoadedModel
-from posleak.pipeline.config import AnalyzeConfig, tables_grid
+from posleak.pipeline.config import AnalysisOptions, MeasureOptions
 from posleak.pipeline.prepare import run_args
 from posleak.pipeline.result import AnalysisResult
 from posleak.pipeline.write import result_tables, run_manifest, write_run
@@ -52,8 +53,9 @@ _MMAP_CEILING = 32 << 20
 def analyze_model(
     model: PreTrainedModel,
     batch: TokenBatch,
-    config: AnalyzeConfig,
+    options: AnalysisOptions,
     *,
+    recipe: Recipe | None = None,
     out: Path | str | None = None,
     loaded: LoadedModel | None = None,
     model_id: str | None = None,
@@ -65,27 +67,29 @@ def analyze_model(
     Two stages: forward passes that capture each layer's q, k and log Z (on the device during the last
     forward, or one file per batch, the run's checkpoint), then one pass over each layer's logits that
     measures it (one checkpoint per layer).
-    `loaded` supplies provenance for a checkpoint (its id and file hash); a lab model passes `model_id`.
+    `loaded` supplies provenance for a checkpoint (its id and file hash); a lab model passes `model_id`. The
+    `recipe` that made the sequences, where a command made them, is part of the run folder's fingerprint.
     """
     tokenizer = loaded.tokenizer if loaded is not None else tokenizer
     model_id = loaded.name if loaded is not None else (model_id or type(model).__name__)
     # Any N: with one sequence the noise-corrected magnitudes are NaN (docs/method.md §3); the commands,
     # `analyze` and `intervene`, refuse that before loading anything.
-    if problems := config.problems(batch.seq_len, None):
+    if problems := options.measure.problems(batch.seq_len, None) + options.execution.problems():
         raise BadInput(problems)
     if out is None:
-        return _analyze(model, batch, config, None, loaded, model_id, tokenizer, progress)
+        return _analyze(model, batch, options, None, loaded, model_id, tokenizer, progress)
     run = RunFolder(Path(out))
-    with run.claim(run_args(model_id, loaded, batch, config)) as state:  # one process at a time
+    identity = recipe.identity() | options.identity() if recipe is not None else options.identity()
+    with run.claim(run_args(model_id, loaded, batch, identity)) as state:  # one process at a time
         if state == COMPLETE:
             return AnalysisResult.read(run)
-        return _analyze(model, batch, config, run, loaded, model_id, tokenizer, progress)
+        return _analyze(model, batch, options, run, loaded, model_id, tokenizer, progress)
 
 
 def _analyze(
     model: PreTrainedModel,
     batch: TokenBatch,
-    config: AnalyzeConfig,
+    options: AnalysisOptions,
     run: RunFolder | None,
     loaded: LoadedModel | None,
     model_id: str,
@@ -94,18 +98,18 @@ def _analyze(
 ) -> AnalysisResult:
     """Capture, measure, and build the result; with a run folder, write it there and mark it finished."""
     started = time.perf_counter()
-    kept = _where_captures_wait(run, model, batch, config)
+    kept = _where_captures_wait(run, model, batch, options)
     with _captures(run, model, batch, kept) as captures:
         if kept == IN_FORWARD:
             sink_heads, spec, layers, measure_s = _capture_and_measure(
-                model, batch, config, captures, tokenizer, model_id, run, progress
+                model, batch, options, captures, tokenizer, model_id, run, progress
             )
             forward_s = time.perf_counter() - started - measure_s
         else:
-            sink_heads = _capture(model, batch, config, captures, tokenizer, model_id, progress)
+            sink_heads = _capture(model, batch, options, captures, tokenizer, model_id, progress)
             forward_s = time.perf_counter() - started
             windows = [captures.facts(layer).window for layer in captures.layers()]
-            spec = _measure_spec(batch, config, windows)
+            spec = _measure_spec(batch, options.measure, windows)
             layers = _measure(captures, spec, run, model_id, progress)
             measure_s = time.perf_counter() - started - forward_s
         where = {"device": str(sums_device(model.device)), "captures": kept}
@@ -121,7 +125,7 @@ def _analyze(
         "measure_s": round(measure_s, 3),
         "total_s": round(time.perf_counter() - started, 3),
     }
-    manifest = run_manifest(model, model_id, loaded, batch, config, tokenizer, measured, closed, sink_heads, timings)
+    manifest = run_manifest(model, model_id, loaded, batch, options, tokenizer, measured, closed, sink_heads, timings)
     result.manifest = manifest
     if run is not None:
         write_run(run, result)
@@ -130,21 +134,21 @@ def _analyze(
     return result
 
 
-def _measure_spec(batch: TokenBatch, config: AnalyzeConfig, windows: list[int | None]) -> MeasureSpec:
+def _measure_spec(batch: TokenBatch, options: MeasureOptions, windows: list[int | None]) -> MeasureSpec:
     """What the layers are measured with; `windows`: every layer's (the range "beyond" starts at the least)."""
     return MeasureSpec(
         batch.seq_len,
         batch.num_seqs,
-        tables_grid(config, batch.seq_len),
-        early=config.early,
-        resamples=config.bootstrap,
-        seed=config.seed,
+        options.tables_grid(batch.seq_len),
+        early=options.early,
+        resamples=options.bootstrap,
+        seed=options.seed,
         beyond=min((window for window in windows if window), default=None),
     )
 
 
 def _where_captures_wait(
-    run: RunFolder | None, model: PreTrainedModel, batch: TokenBatch, config: AnalyzeConfig
+    run: RunFolder | None, model: PreTrainedModel, batch: TokenBatch, options: AnalysisOptions
 ) -> str:
     """IN_FORWARD when the captures of every layer fit the measure budget of the model's device, unless the run
     folder holds captured batches of an earlier try (the captured path resumes from them); else "folder" (the
@@ -153,7 +157,7 @@ def _where_captures_wait(
     captured_before = folder is not None and folder.is_dir() and bool(CaptureFolder(folder).batches())
     # a model spread over devices by a device map fills them: on the in-forward path only with a budget given
     spread = len({str(where) for where in (getattr(model, "hf_device_map", None) or {}).values()}) > 1
-    spec = config.measure_budget
+    spec = options.execution.measure_budget
     budget = 0 if spread and spec == "auto" else measure_budget(spec, model.device, run_folder=run is not None)
     size = capture_bytes(model, batch)
     if not captured_before and size <= budget:
@@ -177,18 +181,15 @@ def _captures(run: RunFolder | None, model: PreTrainedModel, batch: TokenBatch, 
 
 def capture_bytes(model: PreTrainedModel, batch: TokenBatch) -> int:
     """What the captures of `batch` take: per layer and sequence, q, distinct keys and log Z in float32."""
-    config = model.config.get_text_config(decoder=True)
-    heads = config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    dim = max(head_dims(config))
-    per_layer = batch.num_seqs * batch.seq_len * ((heads + kv) * dim + heads) * 4
-    return per_layer * config.num_hidden_layers
+    facts = ModelFacts.from_config(model.config)
+    per_layer = batch.num_seqs * batch.seq_len * ((facts.heads + facts.kv_heads) * facts.head_dim + facts.heads) * 4
+    return per_layer * facts.layers
 
 
 def _capture(
     model: PreTrainedModel,
     batch: TokenBatch,
-    config: AnalyzeConfig,
+    options: AnalysisOptions,
     captures: Captures,
     tokenizer: PreTrainedTokenizerBase | None,
     model_id: str,
@@ -197,9 +198,9 @@ def _capture(
 ) -> dict[int, tuple[int, ...]] | None:
     """Run every batch not captured yet; returns the sink heads an `auto` ablation chose (else None). A
     `measurer` measures each layer during the last batch's forward (its layers measured before are not kept)."""
-    interventions = config.interventions
-    sink_heads = sink_heads_of(model, batch, config) if interventions.needs_sink_heads else None
-    chunks = list(iter_batches(batch, config.batch_size))
+    interventions, batch_size = options.interventions, options.execution.batch_size
+    sink_heads = sink_heads_of(model, batch, batch_size) if interventions.needs_sink_heads else None
+    chunks = list(iter_batches(batch, batch_size))
     todo = [index for index in range(len(chunks)) if not captures.has(index)]
     if not todo:
         return sink_heads
@@ -211,7 +212,7 @@ def _capture(
         disable=not progress,
     )
     recorder = QKRecorder(captures)
-    layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    layers = ModelFacts.from_config(model.config).layers
     accumulators = [recorder, *([measurer] if measurer is not None else []), LayerProgress(bar, layers)]
     if measurer is not None:
         measurer.facts, recorder.skip = recorder.facts, frozenset(measurer.saved)
@@ -261,7 +262,7 @@ def _measured(capture: LayerCapture, spec: MeasureSpec, run: RunFolder | None) -
 def _capture_and_measure(
     model: PreTrainedModel,
     batch: TokenBatch,
-    config: AnalyzeConfig,
+    options: AnalysisOptions,
     captures: Captures,
     tokenizer: PreTrainedTokenizerBase | None,
     model_id: str,
@@ -272,11 +273,13 @@ def _capture_and_measure(
     order and the seconds spent measuring. Layers measured before a kill are read back, neither kept nor
     measured again. With one batch, every layer's window (the spec's range "beyond") is known only once its
     forward has passed the last layer, so each layer is measured right after that forward instead of during it."""
-    layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    layers = ModelFacts.from_config(model.config).layers
     saved = {layer: run.load_partial(f"layer{layer}") if run is not None else None for layer in range(layers)}
-    measurer = InForwardMeasure(captures, batch, config, run, {k: v for k, v in saved.items() if v is not None})
-    sink_heads = _capture(model, batch, config, captures, tokenizer, model_id, progress, measurer)
-    spec = measurer.spec or _measure_spec(batch, config, [facts.window for facts in measurer.facts.values()])
+    measurer = InForwardMeasure(
+        captures, batch, options.measure, run, {k: v for k, v in saved.items() if v is not None}
+    )
+    sink_heads = _capture(model, batch, options, captures, tokenizer, model_id, progress, measurer)
+    spec = measurer.spec or _measure_spec(batch, options.measure, [facts.window for facts in measurer.facts.values()])
     results = {layer: LayerResult.from_state(state, spec) for layer, state in measurer.saved.items()}
     results |= measurer.results
     started = time.perf_counter()
@@ -303,11 +306,11 @@ class InForwardMeasure:
         self,
         captures: Captures,
         batch: TokenBatch,
-        config: AnalyzeConfig,
+        options: MeasureOptions,
         run: RunFolder | None,
         saved: dict[int, dict[str, torch.Tensor]],
     ) -> None:
-        self.captures, self.batch, self.config, self.run, self.saved = captures, batch, config, run, saved
+        self.captures, self.batch, self.options, self.run, self.saved = captures, batch, options, run, saved
         self.facts: dict[int, CallFacts] = {}  # every layer's, the QKRecorder's (set by _capture)
         self.spec: MeasureSpec | None = None
         self.in_flight: tuple[int, torch.Tensor] | None = None
@@ -319,7 +322,7 @@ class InForwardMeasure:
         layer's facts, the spec's windows), measuring each layer with freed memory kept for the next."""
         if batch != todo[-1] or len(todo) < 2:
             return nullcontext()
-        self.spec = _measure_spec(self.batch, self.config, [facts.window for facts in self.facts.values()])
+        self.spec = _measure_spec(self.batch, self.options, [facts.window for facts in self.facts.values()])
         self.in_flight = batch, sequence_index
         return _freed_memory_kept()
 
@@ -379,9 +382,9 @@ def _check_finite(states: torch.Tensor, model_id: str) -> None:
         raise PosleakError(f"{model_id}: NaN or Inf in the activations at resid[{layer}]; check the dtype and weights")
 
 
-def sink_heads_of(model: PreTrainedModel, batch: TokenBatch, config: AnalyzeConfig) -> dict[int, tuple[int, ...]]:
+def sink_heads_of(model: PreTrainedModel, batch: TokenBatch, batch_size: int) -> dict[int, tuple[int, ...]]:
     """Heads with α_0 > ε on these sequences without any intervention (for --ablate-sink-values auto)."""
-    heads = attention_stats(model, batch, config.batch_size).sink_heads
+    heads = attention_stats(model, batch, batch_size).sink_heads
     return {layer: tuple(heads[layer].nonzero().flatten().tolist()) for layer in range(heads.shape[0])}
 
 

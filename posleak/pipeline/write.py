@@ -15,7 +15,7 @@ from posleak.data.batches import TokenBatch
 from posleak.measure import LAYER_MAGNITUDES, Decomposition, layer_value
 from posleak.measure.position0 import fingerprint_constancy
 from posleak.models.load import LoadedModel
-from posleak.pipeline.config import AnalyzeConfig
+from posleak.pipeline.config import AnalysisOptions
 from posleak.pipeline.result import AnalysisResult
 from posleak.report import figures
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
@@ -80,7 +80,7 @@ def run_manifest(
     model_id: str,
     loaded: LoadedModel | None,
     batch: TokenBatch,
-    config: AnalyzeConfig,
+    options: AnalysisOptions,
     tokenizer: PreTrainedTokenizerBase | None,
     decomposition: Decomposition,
     closed: ClosedSystemReport,
@@ -88,13 +88,7 @@ def run_manifest(
     timings: dict[str, float],
 ) -> dict[str, Any]:
     """The run's manifest: provenance, the data, the measurement, where the model ran, the closed system."""
-    interventions = config.interventions.describe()
-    if sink_heads is not None:  # the heads an `auto` chose, under the name of what was done to them
-        chosen = {str(k): list(v) for k, v in sink_heads.items() if v}
-        if config.interventions.ablate_sink_values == "auto":
-            interventions["sink_heads_ablated"] = chosen
-        if config.interventions.patch_kv0 is not None and config.interventions.kv0_heads == "auto":
-            interventions["sink_heads_kv0_patched"] = chosen
+    interventions = options.interventions.describe(sink_heads)
     manifest = provenance(
         model_id=model_id,
         model_hash=loaded.file_hash if loaded is not None else None,
@@ -104,23 +98,18 @@ def run_manifest(
             "block-wise where soft-capped or on other devices); logits formed again in float64 from the captured "
             "q and k (float32 copies) for the measurement"
         ),
-        bos_policy=batch.bos_policy,
+        data=batch.provenance(),
         position0_tokens=_position0_tokens(batch, tokenizer),
-        seq_len=batch.seq_len,
-        num_seqs=batch.num_seqs,
-        corpus=config.tokens or config.corpus,
-        seed=config.seed,
         grid=decomposition.grid.describe(),
         interventions=[interventions] if interventions else [],
         timings=timings,
     )
-    manifest["data"] |= batch.provenance()
     manifest["measurement"] = decomposition.describe()
-    manifest["early"] = config.early
+    manifest["early"] = options.measure.early
     manifest["placement"] = {
         "device": str(model.device),  # the first layer's, under a device map
         "device_map": sorted({str(where) for where in (getattr(model, "hf_device_map", None) or {}).values()}),
-        "requested": config.placement.to_dict(),
+        "requested": options.execution.placement.to_dict(),
     }
     if loaded is not None:
         manifest["model"]["facts"] = loaded.facts.to_dict()

@@ -65,25 +65,22 @@ def provenance(
     model_hash: str | None,
     dtype: str,
     attention_path: str,
-    bos_policy: str,
+    data: Mapping[str, Any],
     position0_tokens: Sequence[TokenCount],
-    seq_len: int,
-    num_seqs: int,
-    corpus: str,
-    seed: int,
     grid: Mapping[str, Any],
     interventions: Sequence[Mapping[str, Any]],
     timings: Mapping[str, float],
 ) -> dict[str, Any]:
     """Everything a result records to be reproduced, plus versions and the time it was made.
 
-    `model_hash` is the SHA-256 of the checkpoint file (None for a lab model trained in-process);
+    `model_hash` is the SHA-256 of the checkpoint file (None for a lab model trained in-process); `data` is what
+    the sequences are (posleak.data.batches.TokenBatch.provenance), its "bos" the BOS policy;
     `interventions` is empty for a baseline run; `timings` are seconds per stage.
     """
     return {
         "model": {"id": model_id, "sha256": model_hash, "dtype": dtype, "attention_path": attention_path},
-        "bos": {"policy": bos_policy, "position0_tokens": [asdict(token) for token in position0_tokens]},
-        "data": {"corpus": corpus, "seed": seed, "seq_len": seq_len, "num_seqs": num_seqs},
+        "bos": {"policy": data["bos"], "position0_tokens": [asdict(token) for token in position0_tokens]},
+        "data": dict(data),
         "grid": dict(grid),
         "interventions": [dict(intervention) for intervention in interventions],
         "timings_s": dict(timings),

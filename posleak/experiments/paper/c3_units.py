@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import pandas as pd
 import torch
 
 from posleak.capture.query_stats import SINK_THRESHOLD
+from posleak.data.kinds import BosPolicy
 from posleak.experiments.batch import AnalysisJob
 from posleak.experiments.evidence import Estimate, percent_change
 from posleak.experiments.paper.models import read_facts
@@ -38,7 +39,7 @@ class Unit:
     """One model of C3's roles in one BOS setting: `bos` is its baseline's --bos (auto: the shared baseline)."""
 
     role: RoleName
-    bos: Literal["auto", "on", "off"]
+    bos: BosPolicy
     bos_at_0: bool
     label: str  # how evidence rows, tables and claims.json name it
     folder: str  # its run folders' names start with this (then -RUN-SAMPLE)
@@ -59,7 +60,7 @@ def c3_units(repro: Reproduction, runs: SampleRuns) -> list[Unit]:
         at_0 = runs.by_role()[role].manifest["data"]["bos_id"] is not None
         units.append(Unit(role, "auto", at_0, _label(spec.name, at_0), spec.folder))
         if repro.plan.c3_both_bos and (at_0 or read_facts(spec.model).has_bos):
-            other: Literal["on", "off"] = "off" if at_0 else "on"
+            other: BosPolicy = "off" if at_0 else "on"
             units.append(Unit(role, other, not at_0, _label(spec.name, not at_0), f"{spec.folder}-bos{other}"))
     return units
 

@@ -34,8 +34,8 @@ from posleak.errors import PosleakError
 from posleak.experiments.paper.plan import BOS_ROLES, ROLE_NAMES, Plan, RoleName, role_for
 from posleak.experiments.paper.reproduction import analysis_config
 from posleak.models.builtin import ZOO
-from posleak.models.facts import sliding_window_of
-from posleak.models.load import HUB_ID, load_error, resolve_folder
+from posleak.models.facts import ModelFacts
+from posleak.models.load import load_error, model_files
 from posleak.store.specfile import SpecFormat
 from posleak.validate import Problems
 
@@ -187,7 +187,7 @@ def role_problems(plan: Plan) -> list[str]:
             )
         folders.setdefault(folder, role)
         seq_len, num_seqs = plan.size(role)
-        options = analysis_config(plan, role).problems(seq_len, num_seqs)
+        options = analysis_config(plan, role).problems()
         problems.extend([f"{role} (T = {seq_len}, N = {num_seqs}): {p}" for p in options])
         known = facts[spec]
         if isinstance(known, RoleFacts):
@@ -248,15 +248,9 @@ def read_facts(spec: str, trust_remote_code: bool = False) -> RoleFacts:
     from posleak.models import zoo
     from posleak.models.lab.model import register_lab_model
 
-    if spec in ZOO:
-        if not zoo.is_fetched(spec):
-            raise PosleakError(f"model {spec!r} is not fetched; run `posleak fetch {spec}`")
-        source, gguf = str(zoo.model_dir(spec)), None
-    elif Path(spec).expanduser().exists() or not HUB_ID.match(spec):
-        folder, gguf = resolve_folder(spec, trust_remote_code)  # a folder or file here (no download), or the refusal
-        source = str(folder)
-    else:
-        source, gguf = spec, None
+    if spec in ZOO and not zoo.is_fetched(spec):  # no hashing of its files, unlike load_model
+        raise PosleakError(f"model {spec!r} is not fetched; run `posleak fetch {spec}`")
+    source, gguf = model_files(spec, trust_remote_code, download=False)
     register_lab_model()  # a lab checkpoint folder's config (model_type posleak_lab)
     where = {"gguf_file": gguf} if gguf else {}
     try:
@@ -266,8 +260,8 @@ def read_facts(spec: str, trust_remote_code: bool = False) -> RoleFacts:
             has_bos = _tokenizer_bos(source, trust_remote_code, where)
     except (OSError, ValueError) as err:
         raise load_error(spec, err) from None
-    text = config.get_text_config(decoder=True)
-    return RoleFacts(getattr(text, "max_position_embeddings", None), sliding_window_of(config), has_bos)
+    facts = ModelFacts.from_config(config)
+    return RoleFacts(facts.max_positions, facts.sliding_window, has_bos)
 
 
 def _declared_bos(folder: Path) -> bool | None:

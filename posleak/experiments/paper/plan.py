@@ -71,11 +71,11 @@ class Plan:
     per-role T and N in `sizes` where a plan file gives them); `--quick` takes about 15 minutes on 2 cores."""
 
     name: str
-    seq_len: int
+    seq_len: int  # T and N of the standard role (and of the bos role, which follows it)
     num_seqs: int
-    gemma_seq_len: int  # longer than Gemma's 512-token window, so that the sliding layers act
-    gemma_num_seqs: int
-    qwen_num_seqs: int
+    sliding_seq_len: int  # longer than the sliding model's window (gemma3-270m's 512), so that the window acts
+    sliding_num_seqs: int
+    large_base_num_seqs: int  # the large-base role's T is the standard one's
     ntk_factors: tuple[float, ...]
     control_draws: int  # C3: draws of as many random non-sink heads as there are sink heads (per unit)
     c3_both_bos: bool  # C3 also in each model's other BOS setting (--quick: its own only, for time)
@@ -99,8 +99,8 @@ class Plan:
             return self.sizes[role]
         sizes: dict[RoleName, tuple[int, int]] = {
             "standard": (self.seq_len, self.num_seqs),
-            "large-base": (self.seq_len, self.qwen_num_seqs),
-            "sliding": (self.gemma_seq_len, self.gemma_num_seqs),
+            "large-base": (self.seq_len, self.large_base_num_seqs),
+            "sliding": (self.sliding_seq_len, self.sliding_num_seqs),
         }
         return self.size("standard") if role == "bos" else sizes[role]
 
@@ -109,9 +109,9 @@ QUICK = Plan(
     name="quick",
     seq_len=256,
     num_seqs=8,
-    gemma_seq_len=640,
-    gemma_num_seqs=4,
-    qwen_num_seqs=4,
+    sliding_seq_len=640,
+    sliding_num_seqs=4,
+    large_base_num_seqs=4,
     ntk_factors=(4.0, 16.0),
     control_draws=1,  # the full plan's 3: two fewer runs per unit and sample, so that --quick stays near 15 minutes
     c3_both_bos=False,
@@ -127,9 +127,9 @@ FULL = Plan(
     name="full",
     seq_len=512,
     num_seqs=12,
-    gemma_seq_len=768,
-    gemma_num_seqs=6,
-    qwen_num_seqs=6,
+    sliding_seq_len=768,
+    sliding_num_seqs=6,
+    large_base_num_seqs=6,
     ntk_factors=(2.0, 4.0, 16.0),
     control_draws=3,
     c3_both_bos=True,

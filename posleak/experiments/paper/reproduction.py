@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from posleak.data.batches import TokenBatch
+from posleak.data.kinds import NullKind
 from posleak.experiments.batch import AnalysisJob, ModelCache, draw_sequences, run_analyses
 from posleak.experiments.paper.plan import SAMPLES, Plan, Role, RoleName
 from posleak.intervene import Interventions
@@ -22,7 +23,8 @@ from posleak.pipeline import AnalysisResult, AnalyzeConfig
 from posleak.store import RunFolder
 
 BOS_KINDS = ("mean", "random", "zero")  # C5: what replaces the BOS's embedding
-NULL_KINDS = ("shuffle", "shift")  # C1, C2: each judged magnitude beside the same on these nulls of its sequences
+# C1, C2: each judged magnitude beside the same on these nulls of its sequences
+NULL_KINDS: tuple[NullKind, ...] = ("shuffle", "shift")
 BASELINE_ROLES: tuple[RoleName, ...] = ("standard", "large-base", "sliding")  # the models C1, C2 (and C4) judge
 
 
@@ -66,15 +68,15 @@ class Reproduction:
 def analysis_config(plan: Plan, role: RoleName, **changes: Any) -> AnalyzeConfig:
     """The analysis of one sample of the model of `role` under `plan` (num_seqs per sample)."""
     seq_len, num_seqs = plan.size(role)
-    base = AnalyzeConfig(
+    return AnalyzeConfig(
         seq_len=seq_len,
         num_seqs=num_seqs,
         batch_size=plan.batch_size,
         bootstrap=plan.bootstrap,
         cross_documents=plan.cross_documents,
         **plan.placement.to_dict(),
+        **changes,
     )
-    return dataclasses.replace(base, **changes)
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ class Analysis:
     role: RoleName
     folder: str
     interventions: Interventions = dataclasses.field(default_factory=Interventions)
-    null: str | None = None
+    null: NullKind | None = None
 
 
 def shared_analyses(plan: Plan) -> list[Analysis]:

@@ -1,0 +1,53 @@
+"""`--ablate-sink-values auto|L.H,... [--ablate-mode zero|mean]` (docs/method.md §9): the value at key 0, as the
+queries i ≥ 1 of the chosen heads read it, replaced inside the attention function; `auto` chooses the sink
+heads of a baseline pass."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from posleak.data.kinds import ABLATE_MODES
+from posleak.intervene.base import Intervention, Option, SinkHeads, Values
+from posleak.intervene.heads import chosen_heads, head_problems, heads_of
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from posleak.capture.session import AttentionEdits
+    from posleak.models.load import LoadedModel
+
+OPTION = "--ablate-sink-values"
+
+
+class AblateSinkValues(Intervention):
+    name = "ablate_sink_values"
+    options = (
+        Option("ablate_sink_values", metavar="auto|L.H,..."),
+        Option("ablate_mode", default="zero", choices=ABLATE_MODES, help="what replaces an ablated value"),
+    )
+
+    def problems(self, values: Values, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
+        found = []
+        if values["ablate_mode"] not in ABLATE_MODES:
+            found.append(f"bad --ablate-mode {values['ablate_mode']!r}; use {' or '.join(ABLATE_MODES)}")
+        return found + head_problems(OPTION, values["ablate_sink_values"], model)
+
+    def describe(self, values: Values, sink_heads: SinkHeads | None) -> dict[str, Any]:
+        described = super().describe(values, sink_heads)
+        if sink_heads is not None and self.needs_sink_heads(values):  # the heads `auto` chose
+            described["sink_heads_ablated"] = chosen_heads(sink_heads)
+        return described
+
+    def needs_sink_heads(self, values: Values) -> bool:
+        return values["ablate_sink_values"] == "auto"
+
+    def edit_attention(
+        self,
+        values: Values,
+        edits: AttentionEdits,
+        sink_heads: SinkHeads | None,
+        model: PreTrainedModel | None,
+        tokenizer: PreTrainedTokenizerBase | None,
+    ) -> None:
+        edits.ablate_key0 = heads_of(values["ablate_sink_values"], OPTION, sink_heads)
+        edits.ablate_mode = values["ablate_mode"]

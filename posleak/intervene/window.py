@@ -1,0 +1,48 @@
+"""`--window W|global` (docs/method.md §9): every layer's attention window set to W, or removed, inside the
+attention function."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from posleak.errors import PosleakError
+from posleak.intervene.base import Intervention, Option, SinkHeads, Values
+from posleak.validate import Problems, natural_number
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from posleak.capture.session import AttentionEdits
+    from posleak.models.load import LoadedModel
+
+
+class Window(Intervention):
+    name = "window"
+    options = (Option("window", metavar="W|global"),)
+
+    def problems(self, values: Values, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
+        found = Problems()
+        with found.collecting():
+            if values["window"] is not None:
+                parse_window(values["window"])
+        return found.found
+
+    def edit_attention(
+        self,
+        values: Values,
+        edits: AttentionEdits,
+        sink_heads: SinkHeads | None,
+        model: PreTrainedModel | None,
+        tokenizer: PreTrainedTokenizerBase | None,
+    ) -> None:
+        edits.window = parse_window(values["window"])
+
+
+def parse_window(spec: str) -> int | Literal["global"]:
+    """`--window` syntax: a width W ≥ 1, or `global`."""
+    if spec == "global":
+        return "global"
+    width = natural_number(spec)
+    if width is None or not 1 <= width < 2**31:
+        raise PosleakError(f"bad --window {spec!r}; use a width 1 ≤ W < 2^31 or 'global'")
+    return width
