@@ -68,15 +68,15 @@ class Reproduction:
 def analysis_config(plan: Plan, role: RoleName, **changes: Any) -> AnalyzeConfig:
     """The analysis of one sample of the model of `role` under `plan` (num_seqs per sample)."""
     seq_len, num_seqs = plan.size(role)
-    return AnalyzeConfig(
+    options = dict(
         seq_len=seq_len,
         num_seqs=num_seqs,
         batch_size=plan.batch_size,
         bootstrap=plan.bootstrap,
         cross_documents=plan.cross_documents,
         **plan.placement.to_dict(),
-        **changes,
     )
+    return AnalyzeConfig(**(options | changes))  # `changes` wins (C6 takes its own T, N and BOS)
 
 
 @dataclass(frozen=True)
