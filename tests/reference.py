@@ -216,7 +216,8 @@ def _shift(
         keys = valid[i]
         q = _softmax(g[:, keys])
         groups = (list(range(num_seqs)), *halves)
-        ps = [_softmax(s[group][:, :, i, keys].mean(axis=0)) if group else None for group in groups]
+        row = s[:, :, i]  # a view: indexing s by a group first would copy every query's logits
+        ps = [_softmax(row[group][:, :, keys].mean(axis=0)) if group else None for group in groups]
         nan = np.full(q.shape[0], np.nan)
         stats = [0.5 * ((ps[0] - q) * np.log(ps[0] / q)).sum(axis=1), nan, nan, 0.5 * np.abs(ps[0] - q).sum(1), nan]
         if ps[1] is not None and ps[2] is not None:
