@@ -141,7 +141,7 @@ def main() -> None:
         seconds = {name: statistics.median(t) for name, t in times.items()}
         row = {
             "T": seq_len,
-            "N": _config(seq_len).num_seqs,
+            "N": _config(seq_len).recipe.num_seqs,
             "seconds": seconds,
             "each_repeat": times,
             "peak_mb_above_model": memory,
