@@ -4,11 +4,11 @@ heads of a baseline pass."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from posleak.data.kinds import ABLATE_MODES
 from posleak.intervene.base import Intervention, Option, SinkHeads, Values
-from posleak.intervene.heads import chosen_heads, head_problems, heads_of
+from posleak.intervene.heads import head_problems, heads_of
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -21,6 +21,7 @@ OPTION = "--ablate-sink-values"
 
 class AblateSinkValues(Intervention):
     name = "ablate_sink_values"
+    chosen_heads_key = "sink_heads_ablated"
     options = (
         Option("ablate_sink_values", metavar="auto|L.H,..."),
         Option("ablate_mode", default="zero", choices=ABLATE_MODES, help="what replaces an ablated value"),
@@ -31,12 +32,6 @@ class AblateSinkValues(Intervention):
         if values["ablate_mode"] not in ABLATE_MODES:
             found.append(f"bad --ablate-mode {values['ablate_mode']!r}; use {' or '.join(ABLATE_MODES)}")
         return found + head_problems(OPTION, values["ablate_sink_values"], model)
-
-    def describe(self, values: Values, sink_heads: SinkHeads | None) -> dict[str, Any]:
-        described = super().describe(values, sink_heads)
-        if sink_heads is not None and self.needs_sink_heads(values):  # the heads `auto` chose
-            described["sink_heads_ablated"] = chosen_heads(sink_heads)
-        return described
 
     def needs_sink_heads(self, values: Values) -> bool:
         return values["ablate_sink_values"] == "auto"

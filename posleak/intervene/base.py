@@ -18,6 +18,8 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from posleak.intervene.heads import chosen_heads
+
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -54,6 +56,8 @@ class Intervention(ABC):
     options: ClassVar[tuple[Option, ...]]  # the first one turns it on (a value other than None)
     # whether `load_overrides` changes the model's config: the model is then loaded again for the run
     at_load: ClassVar[bool] = False
+    # the manifest's key for the heads an `auto` chose (`needs_sink_heads`), for one that reads sink heads
+    chosen_heads_key: ClassVar[str | None] = None
 
     def given(self, values: Values) -> bool:
         """Whether the run applies this intervention."""
@@ -66,8 +70,12 @@ class Intervention(ABC):
         `bos_at_0` (None: not known) whether a BOS stands at position 0 where one is needed."""
 
     def describe(self, values: Values, sink_heads: SinkHeads | None) -> dict[str, Any]:
-        """What the manifest records of it, where given: its options that have a value."""
-        return {option.name: values[option.name] for option in self.options if values[option.name] is not None}
+        """What the manifest records of it, where given: its options that have a value, and the heads an `auto`
+        chose (under `chosen_heads_key`)."""
+        described = {option.name: values[option.name] for option in self.options if values[option.name] is not None}
+        if self.chosen_heads_key and sink_heads is not None and self.needs_sink_heads(values):
+            described[self.chosen_heads_key] = chosen_heads(sink_heads)
+        return described
 
     def needs_sink_heads(self, values: Values) -> bool:
         """Whether installing it needs the sink heads of a baseline pass (an `auto` among its heads)."""

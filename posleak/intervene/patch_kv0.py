@@ -4,10 +4,10 @@ attention function; `auto` chooses the sink heads of a baseline pass."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from posleak.intervene.base import Intervention, Option, SinkHeads, Values
-from posleak.intervene.heads import chosen_heads, head_problems, heads_of
+from posleak.intervene.heads import head_problems, heads_of
 from posleak.validate import Problems
 
 if TYPE_CHECKING:
@@ -21,6 +21,7 @@ OPTION, HEADS_OPTION = "--patch-kv0", "--kv0-heads"
 
 class PatchKv0(Intervention):
     name = "patch_kv0"
+    chosen_heads_key = "sink_heads_kv0_patched"
     options = (
         Option("patch_kv0", metavar="SOURCE", help="key 0's key and value in --kv0-heads from this token"),
         Option("kv0_heads", default="auto", metavar="auto|L.H,...", help="the heads --patch-kv0 patches"),
@@ -37,12 +38,6 @@ class PatchKv0(Intervention):
             with found.collecting():
                 source_token(model.tokenizer, values["patch_kv0"], model.facts.vocab_size, OPTION)
         return found.found
-
-    def describe(self, values: Values, sink_heads: SinkHeads | None) -> dict[str, Any]:
-        described = super().describe(values, sink_heads)
-        if sink_heads is not None and self.needs_sink_heads(values):  # the heads `auto` chose
-            described["sink_heads_kv0_patched"] = chosen_heads(sink_heads)
-        return described
 
     def needs_sink_heads(self, values: Values) -> bool:
         return values["kv0_heads"] == "auto"
