@@ -198,7 +198,12 @@ class Moments:
         scaled = {x: w / w.sum(1, keepdim=True) for x, w in groups.items()}  # w_X / W_X (NaN for an empty half)
         g = torch.einsum("rn,nhd->rhd", scaled["all"], self.columns) / self.sums.offset_count
         c = {x: row_term(self.sums, w)[1] for x, w in groups.items()}  # each group's own g and rows
-        own_g = {x: torch.einsum("rn,nhd->rhd", w, self.columns) / self.sums.offset_count for x, w in scaled.items()}
+        # each group's own g, which only sigmoid attention's range means need (the bootstrap's hot path skips it)
+        own_g = {
+            x: torch.einsum("rn,nhd->rhd", w, self.columns) / self.sums.offset_count
+            for x, w in scaled.items()
+            if self.sums.sigmoid
+        }
         weighting = _Weighting(scaled, own_g, c, mask_component(g, self.sums), self.sums.sigmoid)
         out = {}
         for name, moments in self.ranges.items():
@@ -214,7 +219,7 @@ class _Weighting:
     the row term c and count term m_count of each weighting (R, H, T)."""
 
     scaled: dict[str, torch.Tensor]
-    g: dict[str, torch.Tensor]  # each group's own g (R, H, W)
+    g: dict[str, torch.Tensor]  # each group's own g (R, H, W); sigmoid attention only
     c: dict[str, torch.Tensor]
     m_count: torch.Tensor
     sigmoid: bool
