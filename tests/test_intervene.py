@@ -15,7 +15,14 @@ from cli import assert_one_line_error, file_stamps, run_main, strict_json_files
 from tiny import FAMILIES, SINK_T, WINDOW, sink_ids, sink_model, sink_scores, tiny_model, tiny_tokenizer
 from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from posleak.capture import AttentionEdits, CaptureSession, ResidualCapture, use_posleak_attention
+from posleak.capture import (
+    AttentionCall,
+    AttentionEdits,
+    CaptureSession,
+    MaskSpec,
+    ResidualCapture,
+    use_posleak_attention,
+)
 from posleak.commands.intervene import effect_table, intervene
 from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
@@ -284,6 +291,206 @@ def test_auto_ablation_ablates_exactly_the_sink_heads() -> None:
     np.testing.assert_allclose(scores, sink_scores(SINK_LOGITS, layers=3), atol=1e-6)
 
 
+# ------------------------------------------------------------- key 0's weight held at its mean, or removed
+
+READS = [("hold_sink_clock", "mean"), ("remove_sink_reads", "zero")]
+
+
+def _reweighted_attention(heads: dict[int, tuple[int, ...]], target: str) -> Callable[..., tuple[torch.Tensor, None]]:
+    """Softmax attention in float64 from the definition (scaling, soft-cap, window, learned sink logit), whose
+    `heads` have their weight rows edited: for each query i ≥ 1 that sees key 0, a'_{i,0} = ā (the mean of a_{i,0}
+    over those queries, `target` "mean") or 0 ("zero"), a'_{i,j} = a_{i,j}·(1 − a'_{i,0})/(1 − a_{i,0}) for the
+    other keys; query 0 and queries that do not see key 0 keep their rows."""
+
+    def attention(  # type: ignore[no-untyped-def]
+        module, query, key, value, attention_mask, scaling=None, sliding_window=None, softcap=None, s_aux=None, **kw
+    ):
+        layer, groups = int(module.layer_idx), query.shape[1] // key.shape[1]
+        q = query.double()
+        k, v = key.repeat_interleave(groups, 1).double(), value.repeat_interleave(groups, 1).double()
+        logits = q @ k.transpose(-1, -2) * (scaling if scaling is not None else q.shape[-1] ** -0.5)
+        if softcap is not None:
+            logits = softcap * torch.tanh(logits / softcap)
+        i, j = torch.arange(q.shape[-2])[:, None], torch.arange(q.shape[-2])[None, :]
+        valid = (j <= i) & ((i - j < sliding_window) if sliding_window else True)
+        logits = logits.masked_fill(~valid, float("-inf"))
+        if s_aux is not None:  # the sink's column takes weight and contributes no value
+            sink = s_aux.double()[None, :, None, None].expand(*logits.shape[:-1], 1)
+            weights = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+        else:
+            weights = torch.softmax(logits, dim=-1)
+        sees = valid[1:, 0]
+        for head in heads.get(layer, ()):
+            rows = weights[:, head, 1:].clone()  # (B, T − 1, T)
+            old = rows[:, :, 0]
+            new = old[:, sees].mean(-1, keepdim=True).expand_as(old) if target == "mean" else torch.zeros_like(old)
+            rows[:, :, 1:] *= ((1 - new) / (1 - old))[..., None]
+            rows[:, :, 0] = new
+            weights[:, head, 1:] = torch.where(sees[None, :, None], rows, weights[:, head, 1:])
+        return (weights @ v).to(query.dtype).transpose(1, 2).contiguous(), None
+
+    return attention
+
+
+def _logits(model: PreTrainedModel, ids: torch.Tensor, edits: AttentionEdits | None = None) -> torch.Tensor:
+    """The model's next-token logits with posleak's attention, under `edits`."""
+    with CaptureSession(edits=edits).active(torch.arange(ids.shape[0])), torch.no_grad():
+        return model(input_ids=ids, use_cache=False).logits
+
+
+@pytest.mark.parametrize(("option", "target"), READS)
+@pytest.mark.parametrize("family", ["llama", "gemma3", "gemma2", "gpt_oss"])
+def test_key0_reweighting_equals_a_forward_with_the_attention_rows_edited_by_hand(
+    family: str, option: str, target: str
+) -> None:
+    """--hold-sink-clock and --remove-sink-reads: the model's logits equal, to 1e-5, those of a float64 forward
+    whose attention rows of the named heads are edited from the definition (GQA, Gemma 3's windows that hide key
+    0 from later queries, Gemma 2's soft-cap, GPT-OSS's learned sink); the edit ran once in each layer it names,
+    and moved the logits by far more than that."""
+    model = use_posleak_attention(tiny_model(family))
+    ids, heads = _ids(model), "0.1,1.2,1.3,2.0"
+    edits = Interventions(**{option: heads}).attention_edits()
+    edited = _logits(model, ids, edits)
+    previous = model.config._attn_implementation
+    try:
+        AttentionInterface.register("key0_reads_by_hand", _reweighted_attention(parse_heads(heads), target))
+        model.set_attn_implementation("key0_reads_by_hand")
+        with torch.no_grad():
+            reference = model(input_ids=ids, use_cache=False).logits
+    finally:
+        model.set_attn_implementation(previous)
+    torch.testing.assert_close(edited, reference, rtol=0, atol=1e-5)
+    assert (edited - _logits(model, ids)).abs().max() > 1e-2  # the path ran and moved the predictions
+    (edit,) = edits.output_edits
+    assert edit.edited == {0: 1, 1: 1, 2: 1}
+
+
+def _call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: MaskSpec) -> AttentionCall:
+    """A softmax attention call of `query`, `key` and `value` (B, H, T, ·; scaling 1), computed from the
+    definition."""
+    batch, _, seq_len, _ = query.shape
+    logits = (query @ key.transpose(-1, -2)).masked_fill(~mask.dense(seq_len), float("-inf"))
+    log_z = torch.logsumexp(logits, dim=-1)
+    return AttentionCall(
+        layer=0, query=query, key=key, value=value, scaling=1.0, softcap=None, sink=None, norm="softmax", mask=mask,
+        log_z=log_z, log_z_keys=log_z, output=torch.softmax(logits, dim=-1) @ value, attended_keys=None,
+        sequence_index=torch.arange(batch),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("option", "target"), READS)
+def test_key0_reweighting_changes_exactly_key0s_weight_and_keeps_each_row_a_distribution(
+    option: str, target: str
+) -> None:
+    """On a hand-built float64 call whose values are the identity (its output is its weight matrix): in the named heads,
+    for the queries i ≥ 1 that see key 0, a'_{i,0} is the mean of a_{i,0} over them (so that mean is kept) or 0,
+    the other keys keep their proportions and each row sums to 1; query 0, queries whose window hides key 0 and
+    the head not named are untouched; and the clock removal leaves a head whose a_{i,0} is one constant c
+    unchanged."""
+    seq_len, window, c = 12, 6, 0.4
+    mask = MaskSpec(window=window)
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(2, 3, seq_len, 4, generator=generator, dtype=torch.float64)
+    key = torch.randn(2, 3, seq_len, 4, generator=generator, dtype=torch.float64)
+    # head 1: s_{i,j} = 0 for j ≥ 1 and s_{i,0} = log(c·i/(1 − c)), so a_{i,0} = c for every query i ≥ 1 that sees it
+    key[:, 1] = 0.0
+    key[:, 1, 0, 0] = 1.0
+    query[:, 1, 1:, 0] = torch.log(c * torch.arange(1, seq_len, dtype=torch.float64) / (1 - c))
+    call = _call(query, key, torch.eye(seq_len, dtype=torch.float64).expand(2, 3, seq_len, seq_len), mask)
+    weights = call.output
+    (edit,) = Interventions(**{option: "0.0,0.1"}).attention_edits().output_edits
+    new = edit(call)
+
+    sees = torch.arange(seq_len) < window  # the queries that see key 0
+    sees[0] = False  # query 0 is not edited
+    torch.testing.assert_close(new[:, 2], weights[:, 2], rtol=0, atol=0)  # the head not named
+    torch.testing.assert_close(new[:, :, ~sees], weights[:, :, ~sees], rtol=0, atol=0)  # query 0, hidden key 0
+    old0, new0 = weights[:, :2, sees, 0], new[:, :2, sees, 0]
+    torch.testing.assert_close(new[:, :2].sum(-1), torch.ones_like(new[:, :2].sum(-1)), rtol=0, atol=1e-12)
+    ratio = new[:, :2, sees, 1:] / weights[:, :2, sees, 1:].clamp(min=1e-300)
+    shown = weights[:, :2, sees, 1:] > 0  # the keys a row sees keep their proportions
+    expected = ((1 - new0) / (1 - old0))[..., None].expand_as(ratio)
+    torch.testing.assert_close(ratio[shown], expected[shown], rtol=1e-12, atol=0)
+    if target == "mean":
+        torch.testing.assert_close(new0, old0.mean(-1, keepdim=True).expand_as(new0), rtol=1e-12, atol=0)
+        torch.testing.assert_close(new0.mean(-1), old0.mean(-1), rtol=1e-12, atol=0)
+        torch.testing.assert_close(weights[:, 1, sees, 0], torch.full_like(new0[:, 1], c), rtol=1e-12, atol=0)
+        torch.testing.assert_close(new[:, 1], weights[:, 1], rtol=0, atol=1e-12)  # a constant read is kept
+    else:
+        assert new0.abs().max() == 0
+    assert (new[:, 0, sees] - weights[:, 0, sees]).abs().max() > 1e-2  # it edited the random head
+
+
+@pytest.mark.parametrize(("option", "target"), READS)
+def test_key0_reweighting_of_a_head_that_reads_only_key_0_is_the_attention_over_the_other_keys(
+    option: str, target: str
+) -> None:
+    """A float32 head whose a_{i,0} is 1 up to rounding (logit 40 above the others; 1 − a_{i,0} is float32 noise of
+    either sign): the edited output of queries i ≥ 1 is ā·v_0 + (1 − ā)·(softmax over keys 1.. alone)·v to float32
+    precision, where the correction (o_i − a_{i,0}·v_0)/(1 − a_{i,0}) would divide rounding by rounding."""
+    generator = torch.Generator().manual_seed(1)
+    query, key, value = (torch.randn(1, 1, 10, 4, generator=generator) for _ in range(3))
+    query[..., 0], key[..., 0] = 1.0, 0.0
+    key[:, :, 0, 0] = 40.0
+    call = _call(query, key, value, MaskSpec())
+    weight0 = call.attention_on_key0()[..., 1:].double()
+    assert bool(((1 - weight0).abs() < 1e-5).all())
+    (edit,) = Interventions(**{option: "0.0"}).attention_edits().output_edits
+    new = edit(call)
+    logits = query[..., 1:, :].double() @ key[..., 1:, :].double().transpose(-1, -2)
+    rest = torch.softmax(logits.masked_fill(~MaskSpec().dense(9), float("-inf")), dim=-1) @ value[..., 1:, :].double()
+    held = weight0.mean() if target == "mean" else 0.0
+    expected = held * value[..., :1, :].double() + (1 - held) * rest
+    torch.testing.assert_close(new[..., 1:, :].double(), expected, rtol=0, atol=1e-6)
+    assert target == "mean" or (new[..., 1:, :] - call.output[..., 1:, :]).abs().max() > 0.1
+    torch.testing.assert_close(new[..., 0, :], call.output[..., 0, :], rtol=0, atol=0)
+
+
+class _Outputs:
+    """Keeps every layer's attention output as the model passed it on (after edits)."""
+
+    needs_attended_keys = False
+
+    def __init__(self) -> None:
+        self.outputs: dict[int, torch.Tensor] = {}
+
+    def update(self, call: AttentionCall) -> None:
+        self.outputs[call.layer] = call.output.clone()
+
+
+@pytest.mark.parametrize(("option", "target"), READS)
+def test_key0_reweighting_of_a_model_leaves_other_heads_layers_and_query_0_alone(option: str, target: str) -> None:
+    """In a tiny Llama with heads 1.0 and 1.2 named: layer 0's attention outputs, layer 1's other heads and query 0
+    of every head are bit for bit the unedited ones; the named heads' later queries are not."""
+    model = use_posleak_attention(tiny_model("llama"))
+    ids = _ids(model)
+    base, edited = _Outputs(), _Outputs()
+    CaptureSession([base]).forward(model, ids)
+    CaptureSession([edited], Interventions(**{option: "1.0,1.2"}).attention_edits()).forward(model, ids)
+    torch.testing.assert_close(edited.outputs[0], base.outputs[0], rtol=0, atol=0)
+    torch.testing.assert_close(edited.outputs[1][:, [1, 3]], base.outputs[1][:, [1, 3]], rtol=0, atol=0)
+    torch.testing.assert_close(edited.outputs[1][:, :, 0], base.outputs[1][:, :, 0], rtol=0, atol=0)
+    assert (edited.outputs[1][:, [0, 2], 1:] - base.outputs[1][:, [0, 2], 1:]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("option", "key"), [("hold_sink_clock", "sink_heads_clock_held"), ("remove_sink_reads", "sink_heads_reads_removed")]
+)
+def test_auto_key0_reweighting_edits_exactly_the_sink_heads(option: str, key: str) -> None:
+    """`auto` records the constructed sink heads as the ones edited, edits exactly those, and leaves the sink scores
+    the analytic α_0 (the edit changes the heads' outputs only)."""
+    batch = _verbatim(sink_ids())
+    config = AnalyzeConfig(
+        seq_len=SINK_T, num_seqs=batch.num_seqs, bootstrap=0, interventions=Interventions(**{option: "auto"})
+    )
+    result = analyze_model(sink_model(SINK_LOGITS), batch, config.analysis, model_id="sink-lab", progress=False)
+    assert result.manifest["interventions"][0][key] == {str(layer): list(heads) for layer, heads in SINK_HEADS.items()}
+    (edit,) = Interventions(**{option: "auto"}).attention_edits(SINK_HEADS).output_edits
+    assert edit.heads == {layer: heads for layer, heads in SINK_HEADS.items() if heads}
+    scores = result.per_head.sort_values(["layer", "head"])["sink_score"].to_numpy().reshape(3, 4)
+    np.testing.assert_allclose(scores, sink_scores(SINK_LOGITS, layers=3), atol=1e-6)
+
+
 def test_bad_intervention_options_are_one_line_errors() -> None:
     with pytest.raises(PosleakError, match="rope-scaling"):
         Interventions(rope_scaling="ntk:abc").config_overrides(tiny_model("llama").config)
@@ -293,6 +500,28 @@ def test_bad_intervention_options_are_one_line_errors() -> None:
         Interventions(ablate_sink_values="3").attention_edits()
     with pytest.raises(PosleakError, match="--kv0-heads"):
         Interventions(patch_kv0="id:1", kv0_heads="1-2").attention_edits(model=tiny_model("llama"))
+    for option in ("hold_sink_clock", "remove_sink_reads"):
+        flag = "--" + option.replace("_", "-")
+        assert Interventions(**{option: "1.x"}).problems(None, None) == [
+            f"bad {flag} '1.x'; use auto or L.H,L.H (layer.head)"
+        ]
+        with pytest.raises(PosleakError, match=flag):
+            Interventions(**{option: "3"}).attention_edits()
+
+
+@pytest.mark.parametrize("option", ["hold_sink_clock", "remove_sink_reads"])
+def test_key0_reweighting_refuses_sigmoid_attention(option: str) -> None:
+    """Sigmoid attention has no normaliser, so no row whose sum a reweighting of key 0 keeps: a one-line refusal."""
+    from posleak.models.lab.config import LabSpec
+    from posleak.models.lab.hf_config import LabConfig
+    from posleak.models.lab.model import build_lab_model
+
+    config = LabConfig.from_spec(LabSpec(size="tiny", norm="sigmoid"), 32, 2 * SINK_T, bos_id=0, eos_id=None)
+    model = use_posleak_attention(build_lab_model(config, seed=0).eval())
+    flag = "--" + option.replace("_", "-")
+    with pytest.raises(PosleakError, match=f"^{flag} reweights a softmax row; layer 0's attention is sigmoid") as err:
+        CaptureSession(edits=Interventions(**{option: "0.0"}).attention_edits()).forward(model, sink_ids())
+    assert "\n" not in str(err.value)
 
 
 # ------------------------------------------------------------------------------------- effect tables

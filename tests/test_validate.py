@@ -127,6 +127,8 @@ def test_ablating_heads_that_do_not_exist_is_refused(tmp_path: Path) -> None:
         (("--patch-kv0", "w5 w6"), "--patch-kv0 'w5 w6' encodes to 2 tokens", True),
         (("--patch-kv0", "w5", "--kv0-heads", "3.0,0.4"), "--kv0-heads '3.0,0.4' names heads", True),
         (("--patch-kv0", "w5", "--kv0-heads", "a.b"), "bad --kv0-heads 'a.b'", True),
+        (("--hold-sink-clock", "3.0,0.4"), "--hold-sink-clock '3.0,0.4' names heads", True),
+        (("--remove-sink-reads", "a.b"), "bad --remove-sink-reads 'a.b'", True),
         (("--window", "0"), "--window '0'", True),
     ],
 )
@@ -473,11 +475,22 @@ OPTIONS: dict[str, st.SearchStrategy[object]] = {
     "--ablate-mode": st.sampled_from(["zero", "mean", "max"]),
     "--patch-kv0": _texts("w9", "id:5", "id:96", "w9 w10"),
     "--kv0-heads": _texts("auto", "0.1", "2.3,1.0", "3.0", "a.b"),
+    "--hold-sink-clock": _texts("auto", "0.1", "2.3,1.0", "3.0", "a.b"),
+    "--remove-sink-reads": _texts("auto", "0.1", "2.3,1.0", "3.0", "a.b"),
     "--rope-scaling": _texts("ntk:2", "ntk:0", "linear:1.5", "dynamic:2", "yarn:2", "foo:2", "ntk:inf", "ntk:1e300"),
     "--window": _texts("global", "1", "4", "0", "-2", "wide", "99999999999999999999"),
 }
 
-INTERVENTIONS = ["--replace-bos", "--patch-pos0", "--ablate-sink-values", "--patch-kv0", "--rope-scaling", "--window"]
+INTERVENTIONS = [
+    "--replace-bos",
+    "--patch-pos0",
+    "--ablate-sink-values",
+    "--patch-kv0",
+    "--hold-sink-clock",
+    "--remove-sink-reads",
+    "--rope-scaling",
+    "--window",
+]
 
 
 @st.composite

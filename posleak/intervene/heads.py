@@ -1,5 +1,6 @@
-"""The heads an `auto | L.H,...` option names (`--ablate-sink-values`, `--kv0-heads`): parsed, checked against the
-model, and resolved, `auto` to the sink heads of a baseline pass."""
+"""The heads an `auto | L.H,...` option names (`--ablate-sink-values`, `--kv0-heads`, `--hold-sink-clock`,
+`--remove-sink-reads`): parsed, checked against the model, and resolved, `auto` to the sink heads of a baseline
+pass."""
 
 from __future__ import annotations
 

@@ -9,15 +9,26 @@ from typing import Any
 
 from posleak.intervene.ablate_sinks import AblateSinkValues
 from posleak.intervene.base import Intervention, Option
+from posleak.intervene.hold_sink_clock import HoldSinkClock
 from posleak.intervene.patch_kv0 import PatchKv0
 from posleak.intervene.patch_pos0 import PatchPos0
+from posleak.intervene.remove_sink_reads import RemoveSinkReads
 from posleak.intervene.replace_bos import ReplaceBos
 from posleak.intervene.rope_scaling import RopeScaling
 from posleak.intervene.window import Window
 
 REGISTRY: dict[str, Intervention] = {
     intervention.name: intervention
-    for intervention in (ReplaceBos(), PatchPos0(), AblateSinkValues(), PatchKv0(), RopeScaling(), Window())
+    for intervention in (
+        ReplaceBos(),
+        PatchPos0(),
+        AblateSinkValues(),
+        PatchKv0(),
+        HoldSinkClock(),
+        RemoveSinkReads(),
+        RopeScaling(),
+        Window(),
+    )
 }
 
 
