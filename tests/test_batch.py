@@ -117,7 +117,7 @@ def test_local_analyses_load_each_model_once_and_come_back_in_the_order_asked(
     for result, (model, config) in zip(results, asked, strict=True):
         args = result.run.read_manifest()["args"]
         assert args["model"] == str(model)
-        assert (args["config"]["seed"], args["config"]["interventions"]["rope_scaling"]) == (
+        assert (args["config"]["seed"], args["config"]["interventions"].get("rope_scaling")) == (
             config.recipe.seed,
             config.interventions.rope_scaling,
         )

@@ -36,6 +36,7 @@ from posleak.measure.behaviour import behaviour_table
 from posleak.measure.bootstrap import resample_weights
 from posleak.models.load import LoadedModel, load_model
 from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model, sequences_for, sink_heads_of
+from posleak.store.manifest import fingerprint
 
 T = 3 * WINDOW
 
@@ -931,7 +932,13 @@ def test_a_registered_intervention_reaches_the_command_line_its_checks_the_manif
     """Adding an intervention is one class registered by name: `posleak intervene` then offers its option, refuses
     its bad values like any other's, records it in the manifest and installs it, so that the model's predictions
     and the magnitudes change."""
+    def identity() -> str:
+        config = AnalyzeConfig(seq_len=24, interventions=Interventions(ablate_sink_values="auto"))
+        return fingerprint({"config": config.identity()})
+
+    unregistered = identity()
     monkeypatch.setitem(REGISTRY, ScaleOutputs.name, ScaleOutputs())
+    assert identity() == unregistered  # registering it changes no fingerprint of a run without it: those resume
     folder, corpus = checkpoint
     args = ("intervene", str(folder), "--corpus", str(corpus), "--seq-len", "24", "--num-seqs", "4",
             "--bootstrap", "20")  # fmt: skip

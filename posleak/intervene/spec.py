@@ -46,13 +46,14 @@ class Interventions:
         return hash(tuple(self._values.items()))
 
     def __repr__(self) -> str:
-        defaults = option_defaults()
-        given = ", ".join(f"{k}={v!r}" for k, v in self._values.items() if v != defaults.get(k))
+        given = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items())
         return f"Interventions({given})"
 
     def to_dict(self) -> dict[str, Any]:
-        """Every option's value, as a run's fingerprint covers them."""
-        return dict(self._values)
+        """The options away from their defaults, as a run's fingerprint covers them: registering another
+        intervention then changes no run's fingerprint (a run without it resumes as before)."""
+        defaults = option_defaults()
+        return {name: value for name, value in self._values.items() if value != defaults[name]}
 
     def _given(self) -> list[Intervention]:
         return [intervention for intervention in registered() if intervention.given(self._values)]
