@@ -11,13 +11,19 @@ every query's key 0) and a logit term in i·j, each checked against the brute fo
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from reference import RecordedLayer, reference_layer, relative_error
 
 from posleak.capture.store import CallFacts, LayerCapture
-from posleak.measure import Decomposition, Grid, MeasureSpec, measure_layer
+from posleak.experiments.paper.c1 import MEASURES as C1_MEASURES
+from posleak.experiments.paper.c1 import claim_c1
+from posleak.measure import Decomposition, Grid, MeasureSpec, layer_value, measure_layer
+from posleak.pipeline import AnalysisResult
 
 T, N, HEADS, DIM = 256, 16, 4, 16
 PRESENT = 0.05  # nats: C1's threshold for a magnitude to count as present (docs/method.md §13)
@@ -49,8 +55,12 @@ def planted_layer(
 
 
 def measured(capture: LayerCapture, resamples: int = 200) -> Decomposition:
+    return measured_layers([capture], resamples)
+
+
+def measured_layers(captures: list[LayerCapture], resamples: int = 200) -> Decomposition:
     spec = MeasureSpec(T, N, Grid(T), resamples=resamples, seed=1)
-    return Decomposition.of([measure_layer(capture, spec)], spec)
+    return Decomposition.of([measure_layer(capture, spec) for capture in captures], spec)
 
 
 def reference_of(capture: LayerCapture) -> dict[str, np.ndarray]:
@@ -96,3 +106,31 @@ def test_planted_absolute_position_is_found_at_its_size(planted: dict) -> None:
     assert float(result.layer_means("resid_all")[0]) > 0.2
     assert float(result.layer_interval("resid_all")[0][0]) > PRESENT
     assert float(result.layer_means("shift_kl_all")[0]) > 0.01
+
+
+def _planted_model(**planted: float) -> AnalysisResult:
+    """Three planted layers (seeds 0–2, σ = 2) as one model's analysis: its per-layer magnitudes and the layers'
+    bootstrap resamples (mean over heads as posleak's layer value, posleak.measure.layer_value)."""
+    layers = [dataclasses.replace(planted_layer(2.0, seed=seed, **planted), layer=seed) for seed in range(3)]
+    result = measured_layers(layers)
+    bootstrap = result.bootstrap
+    assert bootstrap is not None
+    resampled = {name: layer_value(name, bootstrap[name]).numpy() for name in C1_MEASURES}  # (R, L)
+    resamples, count = resampled["resid_all"].shape
+    table = pd.DataFrame(
+        {"resample": np.repeat(np.arange(resamples), count), "layer": np.tile(result.layers, resamples)}
+    )
+    for name, values in resampled.items():
+        table[name] = values.ravel()
+    empty = pd.DataFrame()
+    return AnalysisResult(empty, result.per_layer(), empty, empty, empty, table, manifest={})
+
+
+def test_c1_is_not_met_by_a_model_with_no_absolute_position_and_is_by_one_with_a_sink() -> None:
+    """C1's criterion (both components present in every model) on planted layers: with no absolute position the
+    residual-stream component's interval reaches below 0.05 nats, so C1 is not consistent; a sink at key 0 meets
+    it. Its reported share without word order is not computed here (no null)."""
+    none, sink = claim_c1({"none": _planted_model()}), claim_c1({"sink": _planted_model(sink=4.0)})
+    assert none.verdict != "consistent" and sink.verdict == "consistent"
+    rows = none.evidence.set_index("evidence")
+    assert rows.loc["none: resid_all", "lo"] < PRESENT and rows.loc["none: resid_all", "says"] != "supports"

@@ -10,7 +10,9 @@ averages of these, each as a point value, its resamples and a percentile interva
 
 An estimate is judged against a threshold: it *supports* an expected direction when its whole interval
 lies beyond the threshold, *contradicts* it when the whole interval lies on the other side, and is
-*unclear* otherwise.
+*unclear* otherwise. `p_short` is the bootstrap p-value of a contradiction that Holm's rule over a claim's
+rows uses (posleak.experiments.paper.verdict): read off the same percentile intervals, so that a row alone
+contradicts at 95% exactly when its p_short is below 2.5%.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from posleak.pipeline import AnalysisResult, resampled_layers
 Says = Literal["supports", "contradicts", "unclear"]
 Direction = Literal["above", "below"]
 LEVEL = 0.95
+ALPHA = (1 - LEVEL) / 2  # the one-sided level of each end of a LEVEL interval
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,28 @@ class Estimate:
         lo, hi = self.interval
         beyond, short = (lo > threshold, hi < threshold) if direction == "above" else (hi < threshold, lo > threshold)
         return "supports" if beyond else "contradicts" if short else "unclear"
+
+    def p_short(self, threshold: float, direction: Direction) -> float:
+        """The one-sided level below which the percentile interval lies wholly short of `threshold` (below it for
+        `above`, above it for `below`): the interval of level 1 − 2α is short exactly when α > p_short. 0 where
+        every resample is short, 1 where none is, NaN with fewer than 2 resamples.
+
+        With the resamples sorted, x_k < t ≤ x_{k+1}, and torch's linear interpolation (the q-quantile at
+        h = q·(n − 1)), the (1 − α)-quantile lies below t exactly when (1 − α)(n − 1) < h* = k + (t − x_k) /
+        (x_{k+1} − x_k), so p_short = 1 − h*/(n − 1). `below` is the same on −x and −t."""
+        x = self.samples[~self.samples.isnan()].double()
+        t = threshold if direction == "above" else -threshold
+        x = (x if direction == "above" else -x).sort().values
+        n = x.numel()
+        if n < 2:
+            return float("nan")
+        k = int(torch.searchsorted(x, torch.tensor(t, dtype=x.dtype, device=x.device))) - 1  # x_k < t ≤ x_{k+1}
+        if k < 0:
+            return 1.0
+        if k >= n - 1:
+            return 0.0
+        h = k + (t - float(x[k])) / (float(x[k + 1]) - float(x[k]))
+        return 1 - h / (n - 1)
 
 
 def _pair(a: Estimate, b: Estimate) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,7 +30,7 @@ def claim_c2(
     for label, result in models.items():
         estimate = layer_mean(result, "mask_early")
         rows.append(row(f"{label}: mask_early", estimate, MIN_MAGNITUDE, "above", "nats"))
-        rows += null_rows(label, "mask_early", estimate, (nulls or {}).get(label, {}), None)
+        rows += null_rows(label, "mask_early", (nulls or {}).get(label, {}))
     return judge(rows)
 
 

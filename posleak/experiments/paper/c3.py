@@ -25,7 +25,7 @@ from posleak.experiments.paper.c3_units import (
 from posleak.experiments.paper.claim import ClaimModule, quote, rounded
 from posleak.experiments.paper.plan import SHOWN
 from posleak.experiments.paper.reproduction import SampleRuns
-from posleak.experiments.paper.verdict import Judgement, fact, judge
+from posleak.experiments.paper.verdict import HOLM, Judgement, fact, judge
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
 from posleak.report.html import TableBlock, Verdict
@@ -64,7 +64,8 @@ def claim_c3(closed: Mapping[str, float], units: Mapping[str, list[dict[str, Any
         spread > CLOSED_FAILS,
         f"≤ {CLOSED_HOLDS:g}",
     )
-    verdicts = unit_verdicts(units)
+    judged = {label: judge(rows) for label, rows in units.items()}
+    verdicts = {label: judgement.verdict for label, judgement in judged.items()}
     against = sum(v == "not consistent" for v in verdicts.values())
     verdict: Verdict
     if closed_row["says"] == "contradicts" or 2 * against > len(verdicts):
@@ -73,12 +74,13 @@ def claim_c3(closed: Mapping[str, float], units: Mapping[str, list[dict[str, Any
         verdict = "consistent"
     else:
         verdict = "inconclusive"
-    rows = [closed_row, *(r for unit_rows in units.values() for r in unit_rows)]
-    return Judgement(verdict, judge(rows).evidence)
+    evidence = [judge([closed_row]).evidence, *(judgement.evidence for judgement in judged.values())]
+    return Judgement(verdict, pd.concat(evidence, ignore_index=True))
 
 
 def unit_verdicts(units: Mapping[str, list[dict[str, Any]]]) -> dict[str, Verdict]:
-    """Each unit's own verdict: every deciding row of it supports, any contradicts, or neither."""
+    """Each unit's own verdict: every deciding row of it supports, any contradicts (Holm's rule within the unit),
+    or neither."""
     return {label: judge(rows).verdict for label, rows in units.items()}
 
 
@@ -87,6 +89,7 @@ class C3(ClaimModule):
     statement = "Position 0 is a closed system; later queries read its trajectory through sink-reading heads."
     roles = C3_ROLES
     criterion = C3_CRITERION
+    family_wise = f"{HOLM}, within each unit; the units combine as the criterion says"
     method = (
         "h_0^(l) compared across inputs sharing the token at position 0, in every run. Per unit (a model of the "
         "standard, large-base or sliding role in one BOS setting): the key and value at key 0 that the sink heads "

@@ -11,47 +11,41 @@ from posleak.experiments.evidence import Estimate, Says, percent_change
 from posleak.experiments.paper.claim import ClaimModule, quote
 from posleak.experiments.paper.plan import SHOWN
 from posleak.experiments.paper.reproduction import SampleRuns
-from posleak.experiments.paper.verdict import EVIDENCE_COLUMNS, Judgement, Rule, judge
+from posleak.experiments.paper.verdict import EVIDENCE_COLUMNS, Judgement, exact_p, judge
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
 
 PAPER_BOS_REMOVED = 40.0  # the paper's "about 40%" of the early residual-stream component
 BOS_TOLERANCE = 20.0  # points either side of the paper's figure that still count as meeting it
 BOS_BAND = (PAPER_BOS_REMOVED - BOS_TOLERANCE, PAPER_BOS_REMOVED + BOS_TOLERANCE)
-RULE: Rule = "any"  # the claim holds if some replacement does what the paper reports
+# The one replacement that decides, named before the data (docs/method.md §13): the vocabulary mean takes away
+# what the BOS token is while keeping an embedding of the scale and direction a token has; zeros (no input at all)
+# and a random vector of the same norm (off the embeddings' manifold) change more than the token, so they are
+# reported beside it. Deciding by whichever of three replacements lands in the band was a forking path.
+DECIDING = "mean"
 
 C5_CRITERION = (
-    f"removed = −(% change of the early residual-stream magnitude, mean over layers). Consistent if for at least "
-    f"one replacement of the BOS embedding the 95% interval of `removed` lies above 0 and meets "
-    f"[{BOS_BAND[0]:g}%, {BOS_BAND[1]:g}%] (the paper's {PAPER_BOS_REMOVED:g}% ± {BOS_TOLERANCE:g}); not consistent "
-    "if every replacement's interval lies outside that band or includes no reduction; else inconclusive."
+    f"removed = −(% change of the early residual-stream magnitude, mean over layers), for the BOS embedding "
+    f"replaced by the vocabulary {DECIDING} (named before the data; random and zero are reported, not judged). "
+    f"Consistent if its 95% interval lies inside [{BOS_BAND[0]:g}%, {BOS_BAND[1]:g}%] (the paper's "
+    f"{PAPER_BOS_REMOVED:g}% ± {BOS_TOLERANCE:g}); not consistent if it lies wholly outside that band; else "
+    "inconclusive."
 )
 
 
 def claim_c5(changes: Mapping[str, Estimate]) -> Judgement:
-    """`changes`: per replacement, the % change of resid_early."""
+    """`changes`: per replacement, the % change of resid_early; the DECIDING one decides."""
     rows = []
     low, high = BOS_BAND
     for kind, change in changes.items():
         removed = Estimate(-change.value, -change.samples)
         lo, hi = removed.interval
-        says: Says = (
-            "supports"
-            if lo > 0 and hi >= low and lo <= high
-            else "contradicts"
-            if hi < low or lo > high or hi <= 0
-            else "unclear"
-        )
-        rows.append(
-            dict(
-                zip(
-                    EVIDENCE_COLUMNS,
-                    (f"{kind}: removed", removed.value, lo, hi, f"{low:g}–{high:g}", "%", says, True),
-                    strict=True,
-                )
-            )
-        )
-    return judge(rows, rule=RULE)
+        says: Says = "supports" if low <= lo and hi <= high else "contradicts" if hi < low or lo > high else "unclear"
+        # a band has no one-sided p-value: the row is judged on its interval, and as the one deciding row Holm's
+        # rule leaves it as it is
+        values = (f"{kind}: removed", removed.value, lo, hi, f"{low:g}–{high:g}", "%", says, kind == DECIDING)
+        rows.append(dict(zip(EVIDENCE_COLUMNS, (*values, exact_p(says)), strict=True)))
+    return judge(rows)
 
 
 def removed_by_layer(base: AnalysisResult, new: AnalysisResult) -> pd.DataFrame:
@@ -70,7 +64,6 @@ def removed_by_layer(base: AnalysisResult, new: AnalysisResult) -> pd.DataFrame:
 
 class C5(ClaimModule):
     name = "C5"
-    rule = RULE
     statement = (
         f"Replacing the BOS embedding removes about {PAPER_BOS_REMOVED:g}% of the residual-stream component at "
         "early queries."

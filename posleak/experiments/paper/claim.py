@@ -16,7 +16,7 @@ import pandas as pd
 
 from posleak.experiments.paper.plan import RoleName
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
-from posleak.experiments.paper.verdict import Judgement, Rule, quoted
+from posleak.experiments.paper.verdict import HOLM, Judgement, quoted
 from posleak.pipeline import AnalysisResult
 from posleak.report.html import TableBlock
 
@@ -29,7 +29,7 @@ class ClaimModule(ABC):
     criterion: ClassVar[str]
     method: ClassVar[str]
     roles: ClassVar[tuple[RoleName, ...]]  # the roles whose models the claim reads (claims.json names them)
-    rule: ClassVar[Rule] = "all"  # how its deciding rows give a sample's verdict (verdict.judge)
+    family_wise: ClassVar[str] = HOLM  # how its deciding rows give a sample's verdict (verdict.judge)
 
     def __init__(self, repro: Reproduction) -> None:
         self.repro = repro

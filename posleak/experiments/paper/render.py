@@ -31,16 +31,18 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def read_claims(path: Path) -> list[Claim]:
-    """The claims of a claims.json, each with its module's statement and rule (the file keeps neither)."""
+    """The claims of a claims.json, each with its module's statement (the file does not keep it)."""
     modules: dict[str, type[ClaimModule]] = {module.name: module for module in CLAIMS}
     claims = []
     for entry in json.loads(path.read_text()):
         module = modules[entry["claim"]]
         samples = {
-            name: Judgement(sample["verdict"], pd.DataFrame(sample["evidence"]).fillna(float("nan")), module.rule)
+            name: Judgement(sample["verdict"], pd.DataFrame(sample["evidence"]).fillna(float("nan")))
             for name, sample in entry["samples"].items()
         }
-        claims.append(Claim(entry["claim"], module.statement, entry["criterion"], samples, method=""))
+        claim = Claim(entry["claim"], module.statement, entry["criterion"], samples, method="")
+        claim.family_wise = entry.get("family_wise", "")  # older claims.json files name none
+        claims.append(claim)
     return claims
 
 
@@ -100,6 +102,7 @@ def results_page(claims: Sequence[Claim], source: Path, figures: Sequence[Path])
     ]
     for claim in claims:
         out += ["", f"## {claim.claim}: {claim.statement}", "", f"**Criterion.** {claim.criterion}", ""]
+        out += [f"**Family-wise rule.** {claim.family_wise}.", ""] if claim.family_wise else []
         out += [f"**Verdict: {claim.verdict}** ({', '.join(f'{s} {j.verdict}' for s, j in claim.samples.items())})."]
         for name, judgement in claim.samples.items():
             out += ["", f"Sample {name}:", "", _evidence(judgement)]

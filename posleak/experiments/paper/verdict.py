@@ -2,11 +2,16 @@
 
 Each claim's criterion (c1.py … c6.py, written before any data were seen) names the effects it expects, their
 direction and a minimum size, and is judged on the bootstrap interval of each effect (evidence.py): a row of
-evidence *supports* the claim when its whole interval lies beyond the threshold, *contradicts* it when the
-whole interval lies on the other side, and is *unclear* otherwise. A sample's verdict is "consistent" when
-every deciding row supports the claim, "not consistent" when any contradicts it, and "inconclusive" otherwise
-(C5, which asks whether some replacement of the BOS does what the paper reports, uses "any supports" and "all
-contradict").
+evidence *supports* the claim when its whole 95% interval lies beyond the threshold, *contradicts* it when the
+whole interval lies on the other side, and is *unclear* otherwise. A sample's verdict is "consistent" when every
+deciding row supports the claim, "not consistent" when any contradicts it, and "inconclusive" otherwise.
+
+The family-wise rule (docs/method.md §13, `HOLM`): "any row contradicts" would find a contradiction somewhere in
+5–9 rows far more often than 2.5% of the time, so contradictions are counted under Holm's step-down rule over a
+claim's deciding rows: ordered by their p-values (`Estimate.p_short`), the j-th (from 0) of m contradicts only
+if its p-value and those of all before it lie below 2.5%/(m − j); a row whose interval alone lies short but that
+Holm does not reach reads unclear. Support needs every deciding row (an intersection-union test), which holds at
+2.5% with no adjustment. A row computed exactly (`fact`) has p-value 0 where it fails, 1 otherwise.
 
 `posleak paper` judges every claim on two disjoint samples of sequences (A and B) and calls a claim
 consistent, or not consistent, only where both samples agree (`replicated`); a disagreement is inconclusive
@@ -20,15 +25,20 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pandas as pd
 
-from posleak.experiments.evidence import Direction, Estimate, Says
+from posleak.experiments.evidence import ALPHA, Direction, Estimate, Says
 from posleak.report.html import TableBlock, Verdict
 
-EVIDENCE_COLUMNS = ("evidence", "value", "lo", "hi", "threshold", "unit", "says", "deciding")
-Rule = Literal["all", "any"]
+# `p`: the row's p-value of a contradiction (Estimate.p_short), which orders Holm's rule
+EVIDENCE_COLUMNS = ("evidence", "value", "lo", "hi", "threshold", "unit", "says", "deciding", "p")
+HOLM = (
+    f"Holm's step-down rule over the deciding rows' contradictions at {ALPHA:g} one-sided (a row contradicts only "
+    f"where its p-value and those of all rows before it in order stay below {ALPHA:g}/(rows left)); support needs "
+    "every deciding row, unadjusted (an intersection-union test)"
+)
 SAYS: dict[Verdict, Says] = {"consistent": "supports", "not consistent": "contradicts", "inconclusive": "unclear"}
 _BOUND = re.compile(r"^\s*[<>≤≥]=?\s*(\S+)\s*$")  # a threshold as `row` and `fact` write it: "> 0.05", "≤ 1e-05"
 
@@ -39,21 +49,20 @@ class Judgement:
 
     verdict: Verdict
     evidence: pd.DataFrame
-    rule: Rule = "all"  # how the deciding rows give the verdict (`judge`)
 
     def decided_by(self, limit: int = 2) -> pd.DataFrame:
         """The deciding rows that gave the verdict, at most `limit`, the most telling first.
 
         They are the deciding rows that say what the verdict says (supports for consistent, contradicts for not
-        consistent, unclear for inconclusive). Where the verdict needs every deciding row to say so ("all" rule
-        and consistent, "any" rule and not consistent), the one nearest its threshold comes first: the verdict
-        hangs on it. Where one row suffices ("all" and not consistent, "any" and consistent), the one farthest
-        beyond its threshold comes first. Unclear rows, and rows whose threshold is not one bound, keep the
-        claim's order. Distances are relative (`_beyond`), so rows in nats and in % compare."""
+        consistent, unclear for inconclusive). Where the verdict needs every deciding row to say so (consistent),
+        the one nearest its threshold comes first: the verdict hangs on it. Where one row suffices (not
+        consistent), the one farthest beyond its threshold comes first. Unclear rows, and rows whose threshold is
+        not one bound, keep the claim's order. Distances are relative (`_beyond`), so rows in nats and in %
+        compare."""
         deciding = self.evidence[self.evidence["deciding"]]
         chosen = deciding[deciding["says"] == SAYS[self.verdict]]
         if self.verdict != "inconclusive" and not chosen.empty:
-            binding = (self.rule == "all") == (self.verdict == "consistent")
+            binding = self.verdict == "consistent"
             distance = chosen.apply(_beyond, axis=1)
             chosen = chosen.loc[distance.sort_values(ascending=binding, na_position="last", kind="stable").index]
         return chosen.head(limit)
@@ -68,6 +77,7 @@ class Claim:
     criterion: str
     samples: dict[str, Judgement]
     method: str
+    family_wise: str = HOLM  # how the deciding rows of a sample give its verdict
     paper: str = ""  # one sentence: the measured effect against the paper's
     numbers: dict[str, Any] = field(default_factory=dict)
     models: dict[str, dict[str, str]] = field(default_factory=dict)  # per role it reads: spec and weights' SHA-256
@@ -90,6 +100,7 @@ class Claim:
             "claim": self.claim,
             "verdict": self.verdict,
             "criterion": self.criterion,
+            "family_wise": self.family_wise,
             "samples": {
                 name: {"verdict": j.verdict, "evidence": j.evidence.to_dict(orient="records")}
                 for name, j in self.samples.items()
@@ -129,7 +140,8 @@ def row(
     lo, hi = estimate.interval
     says = estimate.judge(threshold, direction)
     bound = f"{'>' if direction == 'above' else '<'} {threshold:g}"
-    return dict(zip(EVIDENCE_COLUMNS, (evidence, estimate.value, lo, hi, bound, unit, says, deciding), strict=True))
+    p = estimate.p_short(threshold, direction)
+    return dict(zip(EVIDENCE_COLUMNS, (evidence, estimate.value, lo, hi, bound, unit, says, deciding, p), strict=True))
 
 
 def fact(evidence: str, value: float, holds: bool, fails: bool, threshold: str, unit: str = "") -> dict[str, Any]:
@@ -137,26 +149,40 @@ def fact(evidence: str, value: float, holds: bool, fails: bool, threshold: str, 
     claim where it `holds`, contradicts it where it clearly `fails`, and is unclear in the band between."""
     says: Says = "supports" if holds else "contradicts" if fails else "unclear"
     nan = float("nan")
-    return dict(zip(EVIDENCE_COLUMNS, (evidence, value, nan, nan, threshold, unit, says, True), strict=True))
+    return dict(
+        zip(EVIDENCE_COLUMNS, (evidence, value, nan, nan, threshold, unit, says, True, exact_p(says)), strict=True)
+    )
 
 
-def judge(rows: list[dict[str, Any]], rule: Rule = "all") -> Judgement:
+def exact_p(says: Says) -> float:
+    """The p-value of a contradiction for a row judged without resamples: 0 where it contradicts, else 1."""
+    return 0.0 if says == "contradicts" else 1.0
+
+
+def judge(rows: list[dict[str, Any]]) -> Judgement:
+    """A sample's verdict from its rows, their contradictions under Holm's rule (module docstring)."""
     frame = pd.DataFrame(rows, columns=list(EVIDENCE_COLUMNS))
+    frame["says"] = holm(frame)
     says = frame.loc[frame["deciding"], "says"]
-    if rule == "all":
-        verdict: Verdict = (
-            "consistent"
-            if (says == "supports").all()
-            else "not consistent"
-            if (says == "contradicts").any()
-            else "inconclusive"
-        )
-    else:
-        verdict = (
-            "consistent"
-            if (says == "supports").any()
-            else "not consistent"
-            if (says == "contradicts").all()
-            else "inconclusive"
-        )
-    return Judgement(verdict, frame, rule)
+    verdict: Verdict = (
+        "consistent"
+        if (says == "supports").all()
+        else "not consistent"
+        if (says == "contradicts").any()
+        else "inconclusive"
+    )
+    return Judgement(verdict, frame)
+
+
+def holm(frame: pd.DataFrame) -> pd.Series:
+    """Each row's `says` with the deciding rows' contradictions under Holm's step-down rule: in order of p, the
+    j-th (from 0) of m keeps its contradiction while every p so far lies below ALPHA/(m − j); the others that
+    contradicted alone read unclear. Rows that only report are left as they are."""
+    says = frame["says"].copy()
+    order = frame.loc[frame["deciding"], "p"].sort_values(kind="stable").index
+    rejecting = True
+    for j, index in enumerate(order):
+        rejecting = rejecting and says[index] == "contradicts" and frame.at[index, "p"] < ALPHA / (len(order) - j)
+        if says[index] == "contradicts" and not rejecting:
+            says[index] = "unclear"
+    return says
