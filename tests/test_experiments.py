@@ -56,7 +56,7 @@ roles:
   sliding: {seq_len: 576, num_seqs: 2}
 base: {bootstrap: 50, fingerprint_seqs: 4, lab_steps: 40, lab_seq_len: 32, lab_analyze_seqs: 8}
 """
-TEST_PLAN_BUDGET_S = 20 * 60  # 13–14 minutes measured on 2 cores (66 analyses of about 10 s each, the lab, C6)
+TEST_PLAN_BUDGET_S = 20 * 60  # 14.3 minutes measured on 2 cores (66 analyses of about 10 s each, the lab, C6)
 VERDICTS = {"consistent", "not consistent", "inconclusive"}
 
 
