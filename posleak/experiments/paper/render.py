@@ -40,9 +40,9 @@ def read_claims(path: Path) -> list[Claim]:
             name: Judgement(sample["verdict"], pd.DataFrame(sample["evidence"]).fillna(float("nan")))
             for name, sample in entry["samples"].items()
         }
-        claim = Claim(entry["claim"], module.statement, entry["criterion"], samples, method="")
-        claim.family_wise = entry.get("family_wise", "")  # older claims.json files name none
-        claims.append(claim)
+        # older claims.json files name no family-wise rule
+        family_wise = entry.get("family_wise", "")
+        claims.append(Claim(entry["claim"], module.statement, entry["criterion"], samples, "", family_wise))
     return claims
 
 
