@@ -24,17 +24,24 @@ from tiny import SINK_T, sink_ids, sink_model, sink_scores
 
 from posleak.cli.summary import claim_lines
 from posleak.data.batches import TokenBatch
+from posleak.experiments.batch import part_of
 from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, percent_change
 from posleak.experiments.paper import QUICK, paper_plan, render
 from posleak.experiments.paper.c1 import claim_c1
 from posleak.experiments.paper.c2 import claim_c2
-from posleak.experiments.paper.c3 import claim_c3, unit_verdicts
-from posleak.experiments.paper.c3_units import control_heads, head_list, heads_by_layer, sink_heads, unit_rows
+from posleak.experiments.paper.c3 import claim_c3, over_units, question_verdicts
+from posleak.experiments.paper.c3_units import (
+    head_list,
+    heads_by_layer,
+    layer_matched_controls,
+    sink_heads,
+    unit_rows,
+)
 from posleak.experiments.paper.c4 import LabRuns, claim_c4, lab_runs
 from posleak.experiments.paper.c5 import claim_c5
 from posleak.experiments.paper.c6 import claim_c6
 from posleak.experiments.paper.plan import ROLES
-from posleak.experiments.paper.reproduction import Reproduction, shared_analyses
+from posleak.experiments.paper.reproduction import PARTS, SELECTION, Reproduction, shared_analyses
 from posleak.experiments.paper.verdict import Claim, fact, judge, replicated, row
 from posleak.intervene import Interventions
 from posleak.models.load import LoadedModel
@@ -56,7 +63,9 @@ roles:
   sliding: {seq_len: 576, num_seqs: 2}
 base: {bootstrap: 50, fingerprint_seqs: 4, lab_steps: 40, lab_seq_len: 32, lab_analyze_seqs: 8}
 """
-TEST_PLAN_BUDGET_S = 20 * 60  # 14.3 minutes measured on 2 cores (66 analyses of about 10 s each, the lab, C6)
+# 14.3 minutes measured on 2 cores with 66 analyses of about 10 s each, the lab and C6; C3's clock removals and
+# selection baselines have since added 15 analyses, not yet timed
+TEST_PLAN_BUDGET_S = 20 * 60
 VERDICTS = {"consistent", "not consistent", "inconclusive"}
 
 
@@ -138,14 +147,22 @@ def test_position0_and_sink_ablation_tables(paper: Path) -> None:
         units = _c3_units(paper, sample)
         assert len(units) == 3  # each model in its own BOS setting (--quick; the full plan adds the other)
         for label, unit in units.items():
+            assert set(unit["questions"]) == {"a", "b"} and set(unit["questions"].values()) <= VERDICTS
             runs = ablation[ablation["unit"] == label].set_index("run")
             full = unit["bos"] == "auto"  # the role's own BOS setting: every run
-            expected = ["kv0-sinks", *(f"kv0-control{k}" for k in range(QUICK.control_draws))]
+            expected = [
+                f"{question}-{heads}"
+                for question in ("clock", "kv0")
+                for heads in ("sinks", *(f"control{k}" for k in range(QUICK.control_draws)))
+            ]
             expected += ["ablate-sinks", "ablate-sinks-mean", "ablate-control0", "patch-pos0"] if full else []
             assert list(runs.index) == expected == list(unit["runs"])
-            per_head = pd.read_parquet(paper / "runs" / unit["baseline"] / "per_head.parquet")
+            # the heads come from the selection sample's baseline, not from the sample that judges them
+            assert unit["selection"].endswith("-selection") and unit["baseline"].endswith(f"-{sample}")
+            per_head = pd.read_parquet(paper / "runs" / unit["selection"] / "per_head.parquet")
             before_last = per_head[per_head["layer"] < per_head["layer"].max()]
             sinks = _heads(runs.loc["kv0-sinks", "heads"])
+            assert sinks == _heads(runs.loc["clock-sinks", "heads"])
             assert len(sinks) == runs.loc["kv0-sinks", "head_count"] == unit["sink_heads"]
             assert sinks == {
                 (layer, head)
@@ -153,8 +170,9 @@ def test_position0_and_sink_ablation_tables(paper: Path) -> None:
                 if score > 0.3
             }
             pool = int((before_last["sink_score"] <= 0.3).sum())  # as many controls as sinks, or all non-sink heads
-            for run in expected[1 : 1 + QUICK.control_draws]:
-                control = _heads(runs.loc[run, "heads"])
+            for k in range(QUICK.control_draws):
+                control = _heads(runs.loc[f"kv0-control{k}", "heads"])
+                assert control == _heads(runs.loc[f"clock-control{k}", "heads"])  # one control set for both questions
                 assert len(control) == min(len(sinks), pool) and not control & sinks
 
 
@@ -203,9 +221,11 @@ def test_every_run_folder_is_complete(paper: Path) -> None:
     manifest = json.loads((paper / "manifest.json").read_text())
     folders = sorted((paper / "runs").iterdir())
     # per sample: smollm2, 2 NTK factors, qwen, gemma, Gemma with BOS and 3 replacements (9); the shuffle and shift
-    # nulls of smollm2, qwen and gemma (6); C3: each model in its own BOS setting, 6 runs (K/V patch of the sinks and
-    # of 1 control, value zeroed and mean, 1 control, h_0 patched); --quick leaves out the other BOS setting
-    assert QUICK.control_draws == 1 and len(folders) == 2 * (9 + 6 + 3 * 6)
+    # nulls of smollm2, qwen and gemma (6); C3: each model in its own BOS setting, 8 runs (clock removal and K/V patch
+    # of the sinks and of 1 control each, value zeroed and mean, 1 control, h_0 patched); --quick leaves out the other
+    # BOS setting. Once: C3's baseline of each model on the selection sample (3).
+    assert QUICK.control_draws == 1 and len(folders) == 2 * (9 + 6 + 3 * 8) + 3
+    assert len([folder for folder in folders if folder.name.endswith("-selection")]) == 3
     assert set(manifest["runs"].values()) <= {str(folder) for folder in folders}
     for folder in folders:
         assert json.loads((folder / "manifest.json").read_text())["status"] == "complete", folder
@@ -517,40 +537,54 @@ def _layers_of(result: AnalysisResult) -> np.ndarray:
 CLOSED, OPEN = {"run": 0.0}, {"run": 0.02}
 LOWERS = _estimate(-5.0, 1.0)
 QUIET = _estimate(-0.2, 0.3)  # a control's change: no lowering beyond 1%
+RAISES = _estimate(0.5, 0.3)
 
 
-def _unit(patch: Estimate, controls: list[Estimate], full: bool = True) -> dict[str, Estimate]:
-    """A unit's changes by run name: the K/V patch of the sinks and of each control, and (full) the reported runs."""
-    changes = {"kv0-sinks": patch, **{f"kv0-control{k}": c for k, c in enumerate(controls)}}
+def _unit(clock: Estimate, patch: Estimate, controls: list[Estimate] | None = None, full: bool = True) -> dict:
+    """A unit's changes by run name: the clock removal (a) and the K/V patch (b) of the sinks and of each control
+    (here the same change for both questions), and (full) the reported runs."""
+    controls = [QUIET, _estimate(0.1, 0.3)] if controls is None else controls
+    changes = {}
+    for run, sinks in (("clock", clock), ("kv0", patch)):
+        changes |= {f"{run}-sinks": sinks, **{f"{run}-control{k}": c for k, c in enumerate(controls)}}
     if full:
         reported = {"ablate-sinks": _estimate(2.0, 1.0), "ablate-sinks-mean": _estimate(3.0, 1.0)}
-        reported |= {"ablate-control0": QUIET, "patch-pos0": LOWERS}
-        changes |= reported
+        changes |= reported | {"ablate-control0": QUIET, "patch-pos0": LOWERS}
     return changes
 
 
-GOOD = _unit(LOWERS, [QUIET, _estimate(0.1, 0.3)])
-RAISES = _unit(_estimate(0.5, 0.3), [QUIET])  # the patch raises it
-OUTDONE = _unit(LOWERS, [_estimate(-9.0, 1.0)], full=False)  # a control lowers it more
-UNCLEAR = _unit(_estimate(-1.5, 1.0), [QUIET])  # −2.5 to −0.5: maybe under 1%
+BOTH = _unit(LOWERS, LOWERS)
+CLOCK_ONLY = _unit(LOWERS, RAISES)  # position carried by the clock; another token's trajectory changes nothing
+CONTENT_ONLY = _unit(RAISES, LOWERS)
+OUTDONE = _unit(LOWERS, LOWERS, [_estimate(-9.0, 1.0)], full=False)  # a layer-matched control lowers it more
+UNCLEAR = _unit(_estimate(-1.5, 1.0), _estimate(-1.5, 1.0))  # −2.5 to −0.5: maybe under 1%
+YES, NO, OPEN_Q = "consistent", "not consistent", "inconclusive"
 
 
 @pytest.mark.parametrize(
-    ("changes", "verdict"),
+    ("changes", "verdicts"),
     [
-        (GOOD, "consistent"),
-        (RAISES, "not consistent"),
-        (OUTDONE, "not consistent"),
-        (UNCLEAR, "inconclusive"),
-        ({}, "inconclusive"),
-    ],  # no sink head: cannot be tested
+        (BOTH, {"a": YES, "b": YES}),
+        (CLOCK_ONLY, {"a": YES, "b": NO}),
+        (CONTENT_ONLY, {"a": NO, "b": YES}),
+        (OUTDONE, {"a": NO, "b": NO}),
+        (UNCLEAR, {"a": OPEN_Q, "b": OPEN_Q}),
+        ({}, {"a": OPEN_Q, "b": OPEN_Q}),  # no sink head: cannot be tested
+    ],
 )
-def test_a_c3_unit_is_decided_by_the_kv0_patch_alone(changes: dict[str, Estimate], verdict: str) -> None:
-    """A unit's verdict: its K/V patch below −1% and below each control; the value ablation (here raising the
-    magnitude) and the position-0 patch are reported, never deciding."""
+def test_a_c3_unit_answers_each_question_from_its_own_runs(changes: dict[str, Estimate], verdicts: dict) -> None:
+    """A unit's verdict on each question: its edit of the sink heads below −1% and below each layer-matched
+    control; the value ablation (here raising the magnitude) and the position-0 patch are reported, never deciding.
+    Every row names its unit and its question."""
     rows = unit_rows("m", changes)
-    assert unit_verdicts({"m": rows}) == {"m": verdict}
-    reported = {r["evidence"] for r in rows if not r["deciding"]}
+    assert question_verdicts({"m": rows}) == {"m": verdicts}
+    assert all(r["evidence"].startswith(f"m: ({q})") for q in "ab" for r in rows[q] if r["deciding"])
+    draws = [k for k in range(len(changes)) if f"clock-control{k}" in changes]
+    for q, what in (("a", "clock removal"), ("b", "K/V patch")):
+        deciding = [r["evidence"] for r in rows[q] if r["deciding"]]
+        expected = [f"m: ({q}) {what} of sink heads: change", *(f"m: ({q}) {what} − control {k}" for k in draws)]
+        assert deciding == expected or not changes
+    reported = {r["evidence"] for r in rows["b"] if not r["deciding"]}
     assert {
         "m: value ablation (zero): change",
         "m: position-0 patch: change",
@@ -558,39 +592,50 @@ def test_a_c3_unit_is_decided_by_the_kv0_patch_alone(changes: dict[str, Estimate
 
 
 @pytest.mark.parametrize(
-    ("closed", "units", "verdict"),
+    ("closed", "units", "verdict", "questions"),
     [
-        (CLOSED, [GOOD, GOOD, GOOD], "consistent"),
-        (OPEN, [GOOD, GOOD, GOOD], "not consistent"),  # the closed system fails
-        (CLOSED, [GOOD, RAISES, GOOD], "inconclusive"),  # one model against: not the claim's verdict
-        (CLOSED, [GOOD, RAISES, OUTDONE], "not consistent"),  # a majority against
-        (CLOSED, [GOOD, RAISES, OUTDONE, GOOD], "inconclusive"),  # half is not more than half
-        (CLOSED, [GOOD, UNCLEAR, GOOD], "inconclusive"),
-        (CLOSED, [GOOD, {}, GOOD], "inconclusive"),  # a unit that cannot be tested
+        (CLOSED, [BOTH, BOTH, BOTH], YES, {"a": YES, "b": YES}),
+        (OPEN, [BOTH, BOTH, BOTH], NO, {"a": YES, "b": YES}),  # the closed system fails
+        # the sinks carry position whatever trajectory they read: the claim holds, (b) says the content does not matter
+        (CLOSED, [CLOCK_ONLY, CLOCK_ONLY, BOTH], YES, {"a": YES, "b": NO}),
+        (CLOSED, [CONTENT_ONLY, BOTH, BOTH], OPEN_Q, {"a": OPEN_Q, "b": YES}),  # one model against (a)
+        (CLOSED, [CONTENT_ONLY, OUTDONE, BOTH], NO, {"a": NO, "b": OPEN_Q}),  # a majority against (a)
+        (CLOSED, [CONTENT_ONLY, OUTDONE, BOTH, BOTH], OPEN_Q, {"a": OPEN_Q, "b": OPEN_Q}),  # half is not more
+        (CLOSED, [BOTH, UNCLEAR, BOTH], OPEN_Q, {"a": OPEN_Q, "b": OPEN_Q}),
+        (CLOSED, [BOTH, {}, BOTH], OPEN_Q, {"a": OPEN_Q, "b": OPEN_Q}),  # a unit that cannot be tested
     ],
 )
-def test_claim_c3_verdicts(closed: dict[str, float], units: list[dict[str, Estimate]], verdict: str) -> None:
-    """The claim from its units (docs/method.md §13): consistent when all are, not consistent when more than
-    half are not, or when the closed system fails; every unit's rows are in the evidence under its label."""
-    judgement = claim_c3(closed, {f"u{k}": unit_rows(f"u{k}", changes) for k, changes in enumerate(units)})
+def test_claim_c3_verdicts(closed: dict[str, float], units: list[dict], verdict: str, questions: dict) -> None:
+    """The claim from the closed system and question (a) over its units, and each question's own verdict
+    (docs/method.md §13): consistent when all units are, not consistent when more than half are not. Every unit's
+    rows of both questions are in the evidence under its label; only the closed system's and (a)'s decide."""
+    rows = {f"u{k}": unit_rows(f"u{k}", changes) for k, changes in enumerate(units)}
+    judgement = claim_c3(closed, rows)
     assert judgement.verdict == verdict
-    labels = {e.split(":")[0] for e in judgement.evidence["evidence"]} - {"closed system"}
-    assert labels == {f"u{k}" for k in range(len(units))}
+    by_unit = question_verdicts(rows)
+    assert {q: over_units(v[q] for v in by_unit.values()) for q in "ab"} == questions
+    evidence = judgement.evidence
+    assert {e.split(":")[0] for e in evidence["evidence"]} - {"closed system"} == set(rows)
+    deciding = evidence.loc[evidence["deciding"], "evidence"]
+    assert all(e.startswith("closed system") or ": (a) " in e for e in deciding)
+    assert evidence["evidence"].str.contains(": \\(b\\) ").any()
 
 
 def test_claim_c3_on_a_model_whose_sink_heads_write_nothing() -> None:
-    """A model built with sink heads whose outputs are zeroed (tests/tiny.py): patching their key and value at key
-    0, or ablating the value, cannot change anything downstream, so the measured change is exactly 0 and the unit
-    is not consistent. The patch ran: the run's manifest records it and the heads patched are the model's sink
-    heads."""
+    """A model built with sink heads whose outputs are zeroed (tests/tiny.py): removing their clock, patching their
+    key and value at key 0, or ablating the value, cannot change anything downstream, so the measured change is
+    exactly 0 and the unit is not consistent on either question. Each edit ran: the run's manifest records it and
+    the heads edited are the model's sink heads."""
     ids = sink_ids()
     batch = TokenBatch(ids, "verbatim", None, ids[:, 0].clone(), source="test", source_name="test", seed=None)
     config = AnalyzeConfig(seq_len=SINK_T, num_seqs=batch.num_seqs, bootstrap=50)
     model = sink_model(SINK_LOGITS)
     baseline = analyze_model(model, batch, config.analysis, model_id="sink-lab", progress=False)
     sinks = sink_heads(baseline.per_head)
+    later = [layer for layer in baseline.per_layer["layer"] if layer > sinks["layer"].min()]
     changes = {}
     for name, edit in (
+        ("clock-sinks", Interventions(hold_sink_clock=head_list(sinks))),
         ("kv0-sinks", Interventions(patch_kv0="id:5", kv0_heads=head_list(sinks))),
         ("ablate-sinks", Interventions(ablate_sink_values=head_list(sinks))),
     ):
@@ -598,13 +643,12 @@ def test_claim_c3_on_a_model_whose_sink_heads_write_nothing() -> None:
             model, batch, config.replace(interventions=edit).analysis, model_id="sink-lab", progress=False
         )
         assert set(run.manifest["interventions"][0].values()) & {"0.0,1.3,0.2"}
-        later = [layer for layer in baseline.per_layer["layer"] if layer > sinks["layer"].min()]
         changes[name] = percent_change(baseline, run, "resid_all", later)
         assert changes[name].value == 0.0 and changes[name].interval == (0.0, 0.0)
-    changes["kv0-control0"] = percent_change(baseline, baseline, "resid_all", later)
-    assert unit_verdicts({"m": unit_rows("m", {k: changes[k] for k in ("kv0-sinks", "kv0-control0")})}) == {
-        "m": "not consistent"
-    }
+    unchanged = percent_change(baseline, baseline, "resid_all", later)
+    deciding = {k: changes[k] for k in ("clock-sinks", "kv0-sinks")} | {"clock-control0": unchanged}
+    rows = unit_rows("m", deciding | {"kv0-control0": unchanged})
+    assert question_verdicts({"m": rows}) == {"m": {"a": NO, "b": NO}}
 
 
 def test_heads_by_layer_reads_as_wrapping_per_layer_lists() -> None:
@@ -765,14 +809,74 @@ def test_sink_heads_and_their_controls(logits: dict[tuple[int, int], float], exp
     np.testing.assert_allclose(
         chosen["sink_score"], [float(analytic[layer, head]) for layer, head in expected], atol=1e-6
     )
-    draws = [control_heads(per_head, len(chosen), draw) for draw in range(3)]
+    draws = [layer_matched_controls(per_head, chosen, draw) for draw in range(3)]
     last = per_head["layer"].max()
     for heads in draws:
         pairs = set(zip(heads["layer"], heads["head"], strict=True))
         assert len(pairs) == len(expected) and not pairs & set(expected) and (heads["layer"] < last).all()
         assert (heads["sink_score"] <= 0.3).all()
-    assert len({head_list(heads) for heads in draws}) == 3
-    assert head_list(control_heads(per_head, len(chosen), 1)) == head_list(draws[1])
+        assert sorted(heads["layer"]) == sorted(chosen["layer"])  # each layer has non-sink heads to spare
+    assert head_list(layer_matched_controls(per_head, chosen, 1)) == head_list(draws[1])
+
+
+def _scores(sinks: dict[int, list[int]], layers: int, heads: int) -> pd.DataFrame:
+    """A per-head table: the heads listed per layer are sink heads (α₀ 0.9), every other head 0.1."""
+    return pd.DataFrame(
+        [
+            {"layer": layer, "head": head, "sink_score": 0.9 if head in sinks.get(layer, []) else 0.1}
+            for layer in range(layers)
+            for head in range(heads)
+        ]
+    )
+
+
+def _pairs(heads: pd.DataFrame) -> list[tuple[int, int]]:
+    return list(zip(heads["layer"], heads["head"], strict=True))
+
+
+def test_layer_matched_controls() -> None:
+    """C3's controls: per draw, as many non-sink heads in each layer as it has sink heads, never a sink head nor
+    one of the last layer, drawn at random by the draw's seed (the same seed, the same heads). Where a layer has
+    too few non-sink heads the rest come from the nearest layers with some left; where the model has fewer
+    non-sink heads than sink heads, all of them."""
+    per_head = _scores({0: [0, 1], 2: [5], 3: [2, 3, 4], 5: [0]}, layers=6, heads=8)  # layer 5 is the last
+    sinks = sink_heads(per_head)
+    draws = [layer_matched_controls(per_head, sinks, draw) for draw in range(5)]
+    for heads in draws:
+        assert sorted(heads["layer"]) == sorted(sinks["layer"]) == [0, 0, 2, 3, 3, 3]
+        assert not set(_pairs(heads)) & set(_pairs(sinks)) and (heads["sink_score"] <= 0.3).all()
+        assert len(set(_pairs(heads))) == len(heads)
+    assert head_list(layer_matched_controls(per_head, sinks, 3)) == head_list(draws[3])
+    assert len({head_list(heads) for heads in draws}) > 1
+
+    # layer 1 all sink heads: its four controls come from layers 0 and 2, the nearest; the last layer gives none
+    short = _scores({1: [0, 1, 2, 3], 2: [0], 3: [1]}, layers=4, heads=4)
+    for draw in range(5):
+        heads = layer_matched_controls(short, sink_heads(short), draw)
+        assert len(heads) == 5 and set(heads["layer"]) <= {0, 2} and len(set(_pairs(heads))) == 5
+        assert (heads["sink_score"] <= 0.3).all()
+    # fewer non-sink heads (outside the last layer) than sink heads: every one of them
+    few = _scores({0: [0, 1, 2], 1: [0, 1, 2]}, layers=3, heads=4)
+    assert _pairs(layer_matched_controls(few, sink_heads(few), 0)) == [(0, 3), (1, 3)]
+
+
+def test_samples_are_disjoint_parts_of_one_draw() -> None:
+    """`part_of`: count parts of count·n rows, each n rows, together the batch, no row in two. The samples of
+    `posleak paper`: A and B halve 2N, C3's selection sample is the third of 3N; since a larger draw extends the
+    smaller one (tests/test_data.py::test_seed_determines_the_windows), A and B are the first two thirds of 3N,
+    unchanged, and the selection sample shares no row with them."""
+    n = 4
+    drawn = torch.arange(3 * n * 5).reshape(3 * n, 5)  # every row different
+    three = TokenBatch(drawn, "verbatim", None, drawn[:, 0].clone(), source="t", source_name="t", seed=0)
+    two = TokenBatch(drawn[: 2 * n], "verbatim", None, drawn[: 2 * n, 0].clone(), source="t", source_name="t", seed=0)
+    parts = [part_of(three, index, 3) for index in range(3)]
+    assert all(p.num_seqs == n and p.pos0_token_ids.equal(p.ids[:, 0]) for p in parts)
+    assert torch.equal(torch.cat([p.ids for p in parts]), drawn)
+    samples = {name: part_of(two if count == 2 else three, index, count) for name, (index, count) in PARTS.items()}
+    assert list(samples) == ["A", "B", SELECTION]
+    assert torch.equal(samples["A"].ids, parts[0].ids) and torch.equal(samples["B"].ids, parts[1].ids)
+    rows = [{tuple(r) for r in sample.ids.tolist()} for sample in samples.values()]
+    assert all(len(r) == n for r in rows) and len(set.union(*rows)) == 3 * n
 
 
 def test_models_by_role_keep_the_built_in_folders_and_name_others_after_their_spec(tmp_path: Path) -> None:

@@ -19,9 +19,9 @@ back, never redone, and an interrupted one resumes from its checkpoint (the capt
 measured layer). The finished runs are gathered into one comparison, `posleak compare`'s table, figures and
 report, in OUT/comparison.
 
-The same units carry `posleak paper`'s analyses (`AnalysisJob` with a sample half). On the Ray backend each
-unfinished analysis is one task needing one CPU, and a GPU where its device is `cuda`; OUT must then be a folder
-every node can write (a shared file system).
+The same units carry `posleak paper`'s analyses (`AnalysisJob` with a sample's part of the sequences). On the Ray
+backend each unfinished analysis is one task needing one CPU, and a GPU where its device is `cuda`; OUT must then
+be a folder every node can write (a shared file system).
 """
 
 from __future__ import annotations
@@ -101,17 +101,18 @@ def load_key(spec: str, interventions: Interventions, placement: Placement) -> L
 class AnalysisJob:
     """One analysis: `model` under `config`, written to the run folder `out`.
 
-    `half`: None draws the sequences `config` names; 0 or 1 draws 2·num_seqs once and takes the first or the second
-    half (`posleak paper`'s disjoint samples A and B)."""
+    `part`: None draws the sequences `config` names; (index, count) draws count·num_seqs once and takes rows
+    [index·num_seqs, (index + 1)·num_seqs) (`posleak paper`'s disjoint samples: A and B halve 2·num_seqs, C3's
+    selection sample is the third of 3·num_seqs)."""
 
     name: str
     model: str
     config: AnalyzeConfig
     out: Path
-    half: int | None = None
+    part: tuple[int, int] | None = None
 
     def sequences(self, models: ModelCache) -> TokenBatch:
-        return draw_sequences(models, self.model, self.config, self.half)
+        return draw_sequences(models, self.model, self.config, self.part)
 
     def resources(self) -> dict[str, float]:
         """What one Ray task of this job asks for."""
@@ -159,19 +160,20 @@ class _SharingModels:
         return self.job.resources()
 
 
-def draw_sequences(models: ModelCache, model: str, config: AnalyzeConfig, half_index: int | None) -> TokenBatch:
-    """The sequences of `config` for `model`, drawn before any intervention; `half_index` 0 or 1: 2·num_seqs
-    drawn once and their first or second half (see `AnalysisJob`)."""
+def draw_sequences(models: ModelCache, model: str, config: AnalyzeConfig, part: tuple[int, int] | None) -> TokenBatch:
+    """The sequences of `config` for `model`, drawn before any intervention; `part` (index, count): count·num_seqs
+    drawn once and their part `index` (see `AnalysisJob`)."""
     recipe = config.recipe
     loaded = models.get(model, Interventions(), config.execution.placement)
-    if half_index is None:
+    if part is None:
         return sequences_for(loaded, recipe)
-    return half(sequences_for(loaded, dataclasses.replace(recipe, num_seqs=2 * recipe.num_seqs)), half_index)
+    index, count = part
+    return part_of(sequences_for(loaded, dataclasses.replace(recipe, num_seqs=count * recipe.num_seqs)), index, count)
 
 
-def half(batch: TokenBatch, index: int) -> TokenBatch:
-    """Rows [index·n, (index + 1)·n) of a batch of 2n rows."""
-    n = batch.num_seqs // 2
+def part_of(batch: TokenBatch, index: int, count: int) -> TokenBatch:
+    """Rows [index·n, (index + 1)·n) of a batch of count·n rows: the parts are disjoint and of equal size."""
+    n = batch.num_seqs // count
     rows = slice(index * n, (index + 1) * n)
     return dataclasses.replace(batch, ids=batch.ids[rows], pos0_token_ids=batch.pos0_token_ids[rows])
 

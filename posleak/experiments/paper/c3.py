@@ -1,13 +1,15 @@
 """C3: position 0 is a closed system; later queries read its trajectory through sink-reading heads.
 
-Judged on every model of C3's roles in each BOS setting its tokenizer allows (the units of c3_units.py), after
-the shared baselines (each unit's heads come from its baseline's per-head table): the path-specific patch of
-the sink heads' position-0 key and value decides each unit, and the units decide the claim (docs/method.md §13).
+Judged on every model of C3's roles in each BOS setting its tokenizer allows (the units of c3_units.py), each with
+its sink heads and their layer-matched controls chosen on a selection sample that judges nothing, as two questions
+(docs/method.md §13): (a) do the sink heads carry position to later queries (their clock removed), which with the
+closed system decides the claim; (b) does it matter which trajectory they read (their position-0 key and value
+patched from another token's), which is judged in its own right.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +18,9 @@ import pandas as pd
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.experiments.paper.c3_units import (
     C3_ROLES,
-    DECIDING_ROW,
     MIN_SINK_LOWERING,
     PATCH_SOURCE,
+    QUESTIONS,
     UnitEvidence,
     measure_units,
 )
@@ -31,6 +33,7 @@ from posleak.report import figures
 from posleak.report.html import TableBlock, Verdict
 
 CLOSED_HOLDS, CLOSED_FAILS = 1e-6, 1e-3  # largest relative spread of h_0: the closed system holds, fails
+CLAIM_QUESTION = "a"  # the question that decides the claim with the closed system; (b) is judged in its own right
 
 
 def _exponent(value: float) -> str:
@@ -41,21 +44,45 @@ def _exponent(value: float) -> str:
 C3_CRITERION = (
     f"Position 0 is a closed system in every run (h_0 identical across inputs sharing its token: relative spread "
     f"≤ {_exponent(CLOSED_HOLDS)}; above {_exponent(CLOSED_FAILS)} it fails). Per unit (each model of the standard, "
-    "large-base and sliding roles, with its BOS setting and, where the tokenizer allows, the other one): the "
-    f"position-0 key and value of all sink heads (α₀ > {SINK_THRESHOLD}) taken from the trajectory of "
-    f"{PATCH_SOURCE!r} lowers the mean residual-stream magnitude (all queries) of the layers after the first sink "
-    f"head by more than {MIN_SINK_LOWERING:g}% (95% interval below −{MIN_SINK_LOWERING:g}%), and by more than the "
-    "same patch in each control of as many randomly drawn non-sink heads (paired difference, interval below 0); "
-    f"not consistent where the interval lies above −{MIN_SINK_LOWERING:g}% or a control lowers it more. The claim: "
-    "not consistent if the closed system fails; consistent when every unit is; not consistent when more than half "
-    "of the units are not; inconclusive otherwise. The value ablation (zero, mean) with its controls and the patch "
-    "of the whole position-0 trajectory are reported beside it, not judged."
+    "large-base and sliding roles, with its BOS setting and, where the tokenizer allows, the other one), with its "
+    f"sink heads (α₀ > {SINK_THRESHOLD}) and, per control draw, as many non-sink heads of the same layers (of the "
+    "nearest where a layer has too few), chosen on a selection sample disjoint from the judging ones, two "
+    "questions, each judged alone: (a) the clock removal of "
+    "the sink heads (each head's weight on key 0 held at its mean over queries, the rest renormalised) and (b) the "
+    f"position-0 key and value of the sink heads taken from the trajectory of {PATCH_SOURCE!r} each lower the mean "
+    "residual-stream magnitude (all queries) of the layers after the first sink head by more than "
+    f"{MIN_SINK_LOWERING:g}% (95% interval below −{MIN_SINK_LOWERING:g}%) and by more than the same edit of each "
+    f"control (paired difference, interval below 0); not consistent where the interval lies above "
+    f"−{MIN_SINK_LOWERING:g}% or a control lowers it more. A question over the units: consistent when every unit "
+    "is; not consistent when more than half of the units are not; inconclusive otherwise. The claim: not "
+    "consistent if the closed system fails or question (a) is not consistent; consistent when the closed system "
+    "holds and (a) is consistent; inconclusive otherwise. Question (b), whether the content of the trajectory "
+    "matters, has its own verdict beside the claim's and does not enter it. The value ablation (zero, mean) with a "
+    "control and the patch of the whole position-0 trajectory are reported, not judged."
 )
 
+UnitRows = Mapping[str, Mapping[str, list[dict[str, Any]]]]  # per unit label, its rows by question key
 
-def claim_c3(closed: Mapping[str, float], units: Mapping[str, list[dict[str, Any]]]) -> Judgement:
+
+def over_units(verdicts: Iterable[Verdict]) -> Verdict:
+    """A question's verdict from its units': consistent when every unit is, not consistent when more than half
+    are not, inconclusive otherwise."""
+    verdicts = list(verdicts)
+    if 2 * sum(v == "not consistent" for v in verdicts) > len(verdicts):
+        return "not consistent"
+    return "consistent" if all(v == "consistent" for v in verdicts) else "inconclusive"
+
+
+def question_verdicts(units: UnitRows) -> dict[str, dict[str, Verdict]]:
+    """Per unit label, each question's verdict from its rows alone (Holm's rule within the unit and question)."""
+    return {label: {q: judge(rows).verdict for q, rows in by_question.items()} for label, by_question in units.items()}
+
+
+def claim_c3(closed: Mapping[str, float], units: UnitRows) -> Judgement:
     """`closed`: the largest relative spread of h_0 per run (0 when identical); `units`: each unit's evidence
-    rows by label (UnitEvidence.rows). The claim's verdict from the units' verdicts (docs/method.md §13)."""
+    rows by question (UnitEvidence.rows). The claim's verdict from the closed system and question (a) over the
+    units (docs/method.md §13); question (b)'s rows read as reported in the claim's evidence: they decide (b)
+    (`question_verdicts`, `over_units`), not the claim."""
     spread = max(closed.values())
     closed_row = fact(
         "closed system: largest relative spread of h_0",
@@ -64,24 +91,21 @@ def claim_c3(closed: Mapping[str, float], units: Mapping[str, list[dict[str, Any
         spread > CLOSED_FAILS,
         f"≤ {CLOSED_HOLDS:g}",
     )
-    judged = {label: judge(rows) for label, rows in units.items()}
-    verdicts = {label: judgement.verdict for label, judgement in judged.items()}
-    against = sum(v == "not consistent" for v in verdicts.values())
+    judged = {label: {q: judge(rows) for q, rows in by_question.items()} for label, by_question in units.items()}
+    deciding = over_units(by_question[CLAIM_QUESTION].verdict for by_question in judged.values())
     verdict: Verdict
-    if closed_row["says"] == "contradicts" or 2 * against > len(verdicts):
+    if closed_row["says"] == "contradicts" or deciding == "not consistent":
         verdict = "not consistent"
-    elif closed_row["says"] == "supports" and all(v == "consistent" for v in verdicts.values()):
+    elif closed_row["says"] == "supports" and deciding == "consistent":
         verdict = "consistent"
     else:
         verdict = "inconclusive"
-    evidence = [judge([closed_row]).evidence, *(judgement.evidence for judgement in judged.values())]
+    evidence = [judge([closed_row]).evidence]
+    for by_question in judged.values():
+        evidence += [
+            j.evidence.assign(deciding=j.evidence["deciding"] & (q == CLAIM_QUESTION)) for q, j in by_question.items()
+        ]
     return Judgement(verdict, pd.concat(evidence, ignore_index=True))
-
-
-def unit_verdicts(units: Mapping[str, list[dict[str, Any]]]) -> dict[str, Verdict]:
-    """Each unit's own verdict: every deciding row of it supports, any contradicts (Holm's rule within the unit),
-    or neither."""
-    return {label: judge(rows).verdict for label, rows in units.items()}
 
 
 class C3(ClaimModule):
@@ -89,22 +113,27 @@ class C3(ClaimModule):
     statement = "Position 0 is a closed system; later queries read its trajectory through sink-reading heads."
     roles = C3_ROLES
     criterion = C3_CRITERION
-    family_wise = f"{HOLM}, within each unit; the units combine as the criterion says"
+    family_wise = f"{HOLM}, within each unit and question; the units and questions combine as the criterion says"
     method = (
         "h_0^(l) compared across inputs sharing the token at position 0, in every run. Per unit (a model of the "
-        "standard, large-base or sliding role in one BOS setting): the key and value at key 0 that the sink heads "
-        f"show their queries i ≥ 1 replaced by those of {PATCH_SOURCE!r}'s own position-0 trajectory, and the same in "
-        "as many random non-sink heads in each control; in each role's own BOS setting also the value at key 0 of "
-        "the sink heads zeroed and replaced by the mean value, the same zeroing in the controls, and position 0's "
-        "whole trajectory replaced by that of another token (docs/method.md §9, §13)."
+        "standard, large-base or sliding role in one BOS setting): its sink heads, and per control draw as many "
+        "non-sink heads of the same layers, chosen on a baseline of the unit on a third sample of sequences, "
+        "disjoint from A and B. (a) In the sink heads, and in each control, the weight that each query i ≥ 1 gives "
+        "key 0 held at its mean over the queries, the other keys' weights renormalised (the clock removed); (b) the "
+        f"key and value at key 0 that those heads show their queries i ≥ 1 replaced by those of {PATCH_SOURCE!r}'s "
+        "own position-0 trajectory. In each role's own BOS setting also the value at key 0 of the sink heads zeroed "
+        "and replaced by the mean value, the zeroing in control 0, and position 0's whole trajectory replaced by "
+        "that of another token (docs/method.md §9, §13)."
     )
 
     def measure(self, runs: Mapping[str, SampleRuns]) -> None:
-        """Every unit's baselines, patches and ablations, on both samples."""
+        """Every unit's selection baseline, then its baselines, clock removals, patches and ablations on both
+        samples."""
         self.evidence = measure_units(self.repro, runs)
 
     def judge(self, runs: SampleRuns, sample: str) -> Judgement:
-        results = [*runs.all(), *(r for u in self.evidence[sample].values() for r in (u.baseline, *u.runs.values()))]
+        units = self.evidence[sample].values()
+        results = [*runs.all(), *(r for u in units for r in (u.selection, u.baseline, *u.runs.values()))]
         closed = {
             str(r.run.path if r.run else i): float(r.manifest["closed_system"]["max_rel_spread"])
             for i, r in enumerate(results)
@@ -112,24 +141,27 @@ class C3(ClaimModule):
         return claim_c3(closed, {label: u.rows() for label, u in self.evidence[sample].items()})
 
     def numbers(self, sample: str) -> dict[str, Any]:
-        """Per unit: its model, BOS setting, verdict, sink heads and later layers."""
+        """Each question's verdict over the units; per unit: its model, BOS setting, each question's verdict, sink
+        heads, later layers, and the run folders (under runs/) of its selection baseline, baseline and runs."""
         units = self.evidence[sample]
-        verdicts = unit_verdicts({label: u.rows() for label, u in units.items()})
+        verdicts = question_verdicts({label: u.rows() for label, u in units.items()})
         return {
+            "questions": {q.key: over_units(v[q.key] for v in verdicts.values()) for q in QUESTIONS},
             "units": {
                 label: {
                     "role": u.unit.role,
                     "model": self.repro.plan.roles[u.unit.role].model,
                     "bos": u.unit.bos,  # its baseline's --bos: auto (the role's shared baseline), on or off
                     "bos_at_0": u.unit.bos_at_0,
-                    "verdict": verdicts[label],
+                    "questions": verdicts[label],
                     "sink_heads": len(u.design.sinks),
                     "later_layers": u.design.later,
-                    "baseline": u.baseline.run.path.name if u.baseline.run else None,  # its folder under runs/
-                    "runs": {name: r.run.path.name if r.run else None for name, r in u.runs.items()},
+                    "selection": _folder(u.selection),  # the sample that chose the heads, not this one
+                    "baseline": _folder(u.baseline),
+                    "runs": {name: _folder(r) for name, r in u.runs.items()},
                 }
                 for label, u in units.items()
-            }
+            },
         }
 
     def tables(self, runs: SampleRuns, sample: str) -> list[TableBlock]:
@@ -163,14 +195,18 @@ class C3(ClaimModule):
 
     def against_paper(self, judgement: Judgement, runs: SampleRuns) -> str:
         units = self.evidence[SHOWN]
-        changes = "; ".join(
-            f"{label}, {len(u.design.sinks)} sink heads: {quote(judgement, f'{label}: {DECIDING_ROW}')}"
-            for label, u in units.items()
-            if u.runs
-        )
+        changes = {
+            q.key: "; ".join(
+                f"{label}, {len(u.design.sinks)} sink heads: {quote(judgement, f'{label}: {q.deciding}')}"
+                for label, u in units.items()
+                if u.runs
+            )
+            for q in QUESTIONS
+        }
         return (
-            "The paper finds later queries reading position 0 through sink heads; here the sink heads' position-0 key "
-            f"and value from {PATCH_SOURCE!r} change the later layers' residual-stream magnitude by: {changes}."
+            "The paper finds later queries reading position 0 through sink heads; here removing the sink heads' clock "
+            f"changes the later layers' residual-stream magnitude by: {changes['a']}; their position-0 key and value "
+            f"from {PATCH_SOURCE!r} change it by: {changes['b']}."
         )
 
     def figures(self, runs: SampleRuns) -> list[Path]:
@@ -179,7 +215,7 @@ class C3(ClaimModule):
         for u in self.evidence[SHOWN].values():
             if not (u.unit.full and u.runs):
                 continue
-            names = ("kv0-sinks", "kv0-control0", "ablate-sinks", "ablate-sinks-mean", "patch-pos0")
+            names = ("clock-sinks", "clock-control0", "kv0-sinks", "kv0-control0", "ablate-sinks", "patch-pos0")
             lines = {"baseline": u.baseline.per_layer} | {n: u.runs[n].per_layer for n in names if n in u.runs}
             title = f"{u.unit.label}: resid_all under the C3 runs (sample {SHOWN})"
             path = self.repro.out.figure_path(f"c3_{u.unit.folder}")
@@ -187,31 +223,36 @@ class C3(ClaimModule):
         return paths
 
 
+def _folder(result: AnalysisResult) -> str | None:
+    """A run's folder under runs/ (None: a result without one)."""
+    return result.run.path.name if result.run else None
+
+
 SIDE_BY_SIDE_CAPTION = (
-    "Each unit's change of the later layers' mean residual-stream magnitude, % (95% interval), under: the K/V patch "
-    f"of the sink heads from {PATCH_SOURCE!r} (deciding) and of control draw 0, the value at key 0 zeroed and replaced "
-    "by the mean value in the sink heads, zeroed in control 0, and h_0 itself patched; - where a unit does not run it."
+    "Each unit's verdict on each question and its change of the later layers' mean residual-stream magnitude, % "
+    "(95% interval), under: the clock removal of the sink heads (deciding (a)) and of control draw 0, the K/V patch "
+    f"of the sink heads from {PATCH_SOURCE!r} (deciding (b)) and of control 0, and the value at key 0 zeroed in the "
+    "sink heads; - where a unit does not run it. The table of runs below has every run."
 )
+# run → column: nine columns in all, as many as the page holds (the other runs are in the table of runs)
+SIDE_BY_SIDE = {
+    "clock-sinks": "clock removed, sinks (%)",
+    "clock-control0": "clock removed, control 0 (%)",
+    "kv0-sinks": "K/V patch, sinks (%)",
+    "kv0-control0": "K/V patch, control 0 (%)",
+    "ablate-sinks": "value zeroed (%)",
+}
 
 
 def side_by_side(units: Mapping[str, UnitEvidence], numbers: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per unit: its verdict, sink heads, and each run's change with its interval, as text ("-": not run)."""
-    columns = {
-        "kv0-sinks": "K/V patch, sinks (%)",
-        "kv0-control0": "K/V patch, control 0 (%)",
-        "ablate-sinks": "value zeroed (%)",
-        "ablate-sinks-mean": "value mean (%)",
-        "ablate-control0": "value zeroed, control 0 (%)",
-        "patch-pos0": "h_0 patched (%)",
-    }
+    """One row per unit: its verdict on each question, sink heads, and each run's change with its interval, as
+    text ("-": not run)."""
     records = []
     for label, u in units.items():
-        record: dict[str, Any] = {
-            "unit": label,
-            "verdict": numbers[label]["verdict"],
-            "sink heads": len(u.design.sinks),
-        }
-        for name, column in columns.items():
+        record: dict[str, Any] = {"unit": label}
+        record |= {f"({q}) verdict": verdict for q, verdict in numbers[label]["questions"].items()}
+        record["sink heads"] = len(u.design.sinks)
+        for name, column in SIDE_BY_SIDE.items():
             if name in u.runs:
                 e = u.change(name)
                 record[column] = f"{e.value:.3g} ({e.interval[0]:.3g} to {e.interval[1]:.3g})"

@@ -1,15 +1,17 @@
 """C3's units (docs/method.md §13): each model of C3's roles in each BOS setting its tokenizer allows, the heads
-each unit's runs patch or ablate, the runs themselves, and their evidence.
+each unit's runs edit, the runs themselves, and their evidence on C3's two questions (`QUESTIONS`).
 
-A unit in its role's own BOS setting reads the shared baseline (posleak.experiments.paper.reproduction) and runs
-every C3 intervention; a unit in the other setting runs a baseline of its own and the deciding test only (the
-path-specific patch of the sink heads and of each control).
+Every unit chooses its sink heads and their layer-matched controls on a baseline of its own on the selection
+sample (posleak.experiments.paper.reproduction.SELECTION), disjoint from the samples A and B that judge them. On A
+and B, a unit in its role's own BOS setting reads the shared baseline and runs every C3 intervention; a unit in
+the other setting runs a baseline of its own and the deciding runs only (the clock removal and the path-specific
+patch, each of the sink heads and of each control).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +24,7 @@ from posleak.experiments.batch import AnalysisJob
 from posleak.experiments.evidence import Estimate, percent_change
 from posleak.experiments.paper.models import read_facts
 from posleak.experiments.paper.plan import RoleName
-from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
+from posleak.experiments.paper.reproduction import SELECTION, Reproduction, SampleRuns
 from posleak.experiments.paper.verdict import fact, row
 from posleak.intervene import Interventions
 from posleak.pipeline import AnalysisResult, AnalyzeConfig
@@ -30,8 +32,38 @@ from posleak.pipeline import AnalysisResult, AnalyzeConfig
 C3_ROLES: tuple[RoleName, ...] = ("standard", "large-base", "sliding")
 PATCH_SOURCE = "the"  # the token whose position-0 trajectory is read instead (one token in every tokenizer here)
 MIN_SINK_LOWERING = 1.0  # %: the least lowering of the later layers' residual-stream magnitude that counts
-DECIDING_RUN = "kv0-sinks"  # the path-specific patch of the sink heads: the run that decides a unit
-DECIDING_ROW = "K/V patch of sink heads: change"  # its evidence row, after the unit's label
+
+
+@dataclass(frozen=True)
+class Question:
+    """One of C3's two questions: the edit its runs make (RUN-sinks on the sink heads, RUN-control{k} on each
+    control) and how its evidence rows name it, `LABEL: (KEY) WHAT ...`."""
+
+    key: str
+    run: str
+    what: str
+    edit: Callable[[str], Interventions]  # the edit of the heads `L.H,...`
+
+    @property
+    def deciding(self) -> str:
+        """Its main row after the unit's label: the change under the edit of the sink heads."""
+        return f"({self.key}) {self.what} of sink heads: change"
+
+
+QUESTIONS = (
+    Question(
+        "a",
+        "clock",
+        "clock removal",  # do sink heads carry position to later queries
+        lambda heads: Interventions(hold_sink_clock=heads),
+    ),
+    Question(
+        "b",
+        "kv0",
+        "K/V patch",  # does it matter which trajectory they read
+        lambda heads: Interventions(patch_kv0=PATCH_SOURCE, kv0_heads=heads),
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -76,11 +108,19 @@ def sink_heads(per_head: pd.DataFrame) -> pd.DataFrame:
     return heads.sort_values("sink_score", ascending=False).reset_index(drop=True)
 
 
-def control_heads(per_head: pd.DataFrame, count: int, draw: int) -> pd.DataFrame:
-    """`count` heads drawn at random (seed `draw`) from the non-sink heads outside the last layer."""
+def layer_matched_controls(per_head: pd.DataFrame, sinks: pd.DataFrame, draw: int) -> pd.DataFrame:
+    """For each sink head a non-sink head outside the last layer, drawn at random (seed `draw`): in each layer as
+    many as it has sink heads, from that layer. Where a layer has too few non-sink heads, the rest come from the
+    nearest layers with some left (ties at random), so that the control edits as many heads at a depth as near as
+    there is; all non-sink heads where there are fewer of them than sink heads."""
     pool = per_head[(per_head["sink_score"] <= SINK_THRESHOLD) & (per_head["layer"] < per_head["layer"].max())]
-    order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(draw))[:count]
-    return pool.iloc[order.tolist()].sort_values(["layer", "head"]).reset_index(drop=True)
+    rank = pd.Series(torch.randperm(len(pool), generator=torch.Generator().manual_seed(draw)).numpy(), pool.index)
+    chosen: list[int] = []
+    for layer, count in sinks["layer"].value_counts().sort_index().items():
+        left = pool.drop(chosen)
+        order = pd.DataFrame({"distance": (left["layer"] - layer).abs(), "rank": rank[left.index]})
+        chosen += list(order.sort_values(["distance", "rank"]).index[:count])
+    return pool.loc[chosen].sort_values(["layer", "head"]).reset_index(drop=True)
 
 
 def head_list(heads: pd.DataFrame) -> str:
@@ -98,37 +138,38 @@ def heads_by_layer(heads: pd.DataFrame) -> str:
 
 @dataclass
 class Design:
-    """A unit's heads on one sample: its sink heads, the controls, the layers after the first sink head."""
+    """A unit's heads, chosen on its selection sample: its sink heads, the layer-matched controls of each draw,
+    the layers after the first sink head."""
 
     sinks: pd.DataFrame
     controls: list[pd.DataFrame]
     later: list[int]
 
     @classmethod
-    def of(cls, baseline: AnalysisResult, draws: int) -> Design:
-        sinks = sink_heads(baseline.per_head)
+    def of(cls, selection: AnalysisResult, draws: int) -> Design:
+        sinks = sink_heads(selection.per_head)
         if sinks.empty:  # untestable: no runs, and the unit is inconclusive
             return cls(sinks, [], [])
-        later = sorted(layer for layer in baseline.per_layer["layer"] if layer > sinks["layer"].min())
-        return cls(sinks, [control_heads(baseline.per_head, len(sinks), d) for d in range(draws)], later)
+        later = sorted(layer for layer in selection.per_layer["layer"] if layer > sinks["layer"].min())
+        return cls(sinks, [layer_matched_controls(selection.per_head, sinks, d) for d in range(draws)], later)
 
     def interventions(self, full: bool) -> dict[str, tuple[Interventions, pd.DataFrame | None]]:
-        """Each run by name (kv0-sinks, kv0-control0, ...; with `full` also ablate-sinks, ablate-sinks-mean,
-        ablate-control0, patch-pos0) with the heads it edits (None: every head)."""
+        """Each run by name with the heads it edits (None: every head): per question, RUN-sinks and RUN-control{k}
+        (clock-sinks, clock-control0, ..., kv0-sinks, kv0-control0, ...); with `full` also ablate-sinks,
+        ablate-sinks-mean, ablate-control0, patch-pos0."""
         if self.sinks.empty:
             return {}
-        controls = dict(enumerate(self.controls))
-
-        def kv0(heads: pd.DataFrame) -> Interventions:
-            return Interventions(patch_kv0=PATCH_SOURCE, kv0_heads=head_list(heads))
-
-        runs = {"kv0-sinks": (kv0(self.sinks), self.sinks)}
-        runs |= {f"kv0-control{k}": (kv0(c), c) for k, c in controls.items()}
+        runs = {}
+        for question in QUESTIONS:
+            runs[f"{question.run}-sinks"] = (question.edit(head_list(self.sinks)), self.sinks)
+            runs |= {
+                f"{question.run}-control{k}": (question.edit(head_list(c)), c) for k, c in enumerate(self.controls)
+            }
         if full:
             sinks = head_list(self.sinks)
             runs["ablate-sinks"] = (Interventions(ablate_sink_values=sinks), self.sinks)
             runs["ablate-sinks-mean"] = (Interventions(ablate_sink_values=sinks, ablate_mode="mean"), self.sinks)
-            # one control draw for the reported value ablation: the deciding patch has them all (the run's cost)
+            # one control draw for the reported value ablation: the deciding runs have them all (the run's cost)
             runs["ablate-control0"] = (Interventions(ablate_sink_values=head_list(self.controls[0])), self.controls[0])
             runs["patch-pos0"] = (Interventions(patch_pos0=PATCH_SOURCE), None)
         return runs
@@ -140,7 +181,7 @@ def unit_config(repro: Reproduction, unit: Unit) -> AnalyzeConfig:
 
 
 def baseline_job(repro: Reproduction, unit: Unit, sample: str) -> AnalysisJob:
-    """The baseline of a unit in its role's other BOS setting."""
+    """The baseline of a unit on `sample`: on the selection sample, or on A or B in its role's other BOS setting."""
     return repro.job(unit.folder, repro.plan.roles[unit.role].model, unit_config(repro, unit), sample)
 
 
@@ -155,17 +196,19 @@ def unit_jobs(repro: Reproduction, unit: Unit, design: Design, sample: str) -> d
 
 @dataclass
 class UnitEvidence:
-    """One unit on one sample: its heads, baseline, runs, and the % change of the later layers' resid_all."""
+    """One unit on one sample: its heads and the selection baseline that chose them, its baseline and runs on the
+    sample, and the % change of the later layers' resid_all."""
 
     unit: Unit
     design: Design
+    selection: AnalysisResult
     baseline: AnalysisResult
     runs: dict[str, AnalysisResult]
 
     def change(self, name: str) -> Estimate:
         return percent_change(self.baseline, self.runs[name], "resid_all", self.design.later)
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> dict[str, list[dict[str, Any]]]:
         return unit_rows(self.unit.label, {name: self.change(name) for name in self.runs})
 
     def table(self) -> pd.DataFrame:
@@ -187,52 +230,64 @@ class UnitEvidence:
         return pd.DataFrame(records, columns=["unit", "run", "head_count", "heads", "change_pct", "lo", "hi"])
 
 
-def unit_rows(label: str, changes: Mapping[str, Estimate]) -> list[dict[str, Any]]:
-    """A unit's evidence rows, each named `LABEL: ...`, from the % change under each of its runs by name (none: the
-    unit has no sink head and cannot be tested): the path-specific patch of the sink heads and its difference from
-    each control decide; the controls, the value ablation and the position-0 patch are reported."""
+def unit_rows(label: str, changes: Mapping[str, Estimate]) -> dict[str, list[dict[str, Any]]]:
+    """A unit's evidence rows by question key, each named `LABEL: ...`, from the % change under each of its runs
+    by name (none: the unit has no sink head and cannot be tested). Per question, the edit of the sink heads and
+    its difference from each control decide, the controls' own changes are reported; the value ablation and the
+    position-0 patch are reported with (b), whose question of what is read at key 0 they widen."""
     if not changes:
-        return [fact(f"{label}: sink heads (α₀ > {SINK_THRESHOLD})", 0, False, False, "> 0 to test")]
-
-    def reported(what: str, name: str) -> dict[str, Any]:
-        return row(f"{label}: {what}: change", changes[name], -MIN_SINK_LOWERING, "below", "%", deciding=False)
-
-    patch = changes[DECIDING_RUN]
-    draws = [k for k in range(len(changes)) if f"kv0-control{k}" in changes]
-    rows = [row(f"{label}: {DECIDING_ROW}", patch, -MIN_SINK_LOWERING, "below", "%")]
-    for k in draws:
-        difference = patch.minus(changes[f"kv0-control{k}"])
-        rows += [
-            row(f"{label}: K/V patch − control {k}", difference, 0.0, "below", "% points"),
-            reported(f"K/V patch of control {k}", f"kv0-control{k}"),
-        ]
+        untestable = f"sink heads (α₀ > {SINK_THRESHOLD})"
+        return {q.key: [fact(f"{label}: ({q.key}) {untestable}", 0, False, False, "> 0 to test")] for q in QUESTIONS}
+    rows = {q.key: question_rows(label, q, changes) for q in QUESTIONS}
     if "ablate-sinks" in changes:
-        rows += [
-            reported("value ablation (zero)", "ablate-sinks"),
-            reported("value ablation (mean)", "ablate-sinks-mean"),
-            reported("value ablation of control 0", "ablate-control0"),
-            reported("position-0 patch", "patch-pos0"),
+        rows["b"] += [
+            _reported(f"{label}: {what}: change", changes[name])
+            for what, name in (
+                ("value ablation (zero)", "ablate-sinks"),
+                ("value ablation (mean)", "ablate-sinks-mean"),
+                ("value ablation of control 0", "ablate-control0"),
+                ("position-0 patch", "patch-pos0"),
+            )
         ]
     return rows
 
 
+def question_rows(label: str, question: Question, changes: Mapping[str, Estimate]) -> list[dict[str, Any]]:
+    """One question's rows of a unit: its edit of the sink heads below −MIN_SINK_LOWERING%, and below the same edit
+    of each control (paired difference below 0); each control's own change, reported."""
+    name = f"{label}: ({question.key}) {question.what}"
+    sinks = changes[f"{question.run}-sinks"]
+    rows = [row(f"{label}: {question.deciding}", sinks, -MIN_SINK_LOWERING, "below", "%")]
+    for k in range(len(changes)):
+        if (control := changes.get(f"{question.run}-control{k}")) is not None:
+            rows += [
+                row(f"{name} − control {k}", sinks.minus(control), 0.0, "below", "% points"),
+                _reported(f"{name} of control {k}: change", control),
+            ]
+    return rows
+
+
+def _reported(evidence: str, change: Estimate) -> dict[str, Any]:
+    return row(evidence, change, -MIN_SINK_LOWERING, "below", "%", deciding=False)
+
+
 def measure_units(repro: Reproduction, runs: Mapping[str, SampleRuns]) -> dict[str, dict[str, UnitEvidence]]:
-    """Every unit's runs on each sample, by sample and unit label: the other BOS settings' baselines in one wave,
-    then every unit's patches and ablations in a second (their heads come from the baselines)."""
+    """Every unit's runs on each sample, by sample and unit label: in a first wave each unit's baseline on the
+    selection sample and, in the other BOS settings, on each sample; then every unit's runs on each sample, with
+    the heads its selection baseline chose."""
     samples = list(runs)
     units = c3_units(repro, runs[samples[0]])
-    extra = [(u, s) for s in samples for u in units if not u.full]
-    jobs = [baseline_job(repro, u, s) for u, s in extra]
-    baselines = dict(zip(extra, repro.run(jobs) if jobs else [], strict=True))
-    draws = repro.plan.control_draws
+    extra = [(u, SELECTION) for u in units] + [(u, s) for s in samples for u in units if not u.full]
+    baselines = dict(zip(extra, repro.run([baseline_job(repro, u, s) for u, s in extra]), strict=True))
+    designs = {u: Design.of(baselines[(u, SELECTION)], repro.plan.control_draws) for u in units}
     planned = []
     for s in samples:
         for u in units:
             base = runs[s].by_role()[u.role] if u.full else baselines[(u, s)]
-            design = Design.of(base, draws)
-            planned.append((u, s, design, base, unit_jobs(repro, u, design, s)))
+            planned.append((u, s, base, unit_jobs(repro, u, designs[u], s)))
     results = iter(repro.run([job for *_, jobs in planned for job in jobs.values()]))
     evidence: dict[str, dict[str, UnitEvidence]] = {s: {} for s in samples}
-    for u, s, design, base, jobs in planned:
-        evidence[s][u.label] = UnitEvidence(u, design, base, {name: next(results) for name in jobs})
+    for u, s, base, jobs in planned:
+        runs_of = {name: next(results) for name in jobs}
+        evidence[s][u.label] = UnitEvidence(u, designs[u], baselines[(u, SELECTION)], base, runs_of)
     return evidence

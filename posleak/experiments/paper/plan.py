@@ -78,7 +78,7 @@ class Plan:
     sliding_num_seqs: int
     large_base_num_seqs: int  # the large-base role's T is the standard one's
     ntk_factors: tuple[float, ...]
-    control_draws: int  # C3: draws of as many random non-sink heads as there are sink heads (per unit)
+    control_draws: int  # C3: draws of layer-matched non-sink heads, as many as there are sink heads (per unit)
     c3_both_bos: bool  # C3 also in each model's other BOS setting (--quick: its own only, for time)
     fingerprint_seqs: int
     bootstrap: int
@@ -114,7 +114,7 @@ QUICK = Plan(
     sliding_num_seqs=4,
     large_base_num_seqs=4,
     ntk_factors=(4.0, 16.0),
-    control_draws=1,  # the full plan's 3: two fewer runs per unit and sample, so that --quick stays near 15 minutes
+    control_draws=1,  # the full plan's 3: four fewer runs per unit and sample (two per question), for time
     c3_both_bos=False,
     fingerprint_seqs=8,
     bootstrap=200,

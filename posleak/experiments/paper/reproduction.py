@@ -2,7 +2,8 @@
 OUT/runs on a backend, and their results per sample as one typed record.
 
 Every analysis runs on each of two disjoint samples of sequences (A and B): the sequences of each model are
-drawn once and split in halves (posleak.experiments.batch).
+drawn once and split in halves (posleak.experiments.batch). C3 chooses its heads on a third sample, disjoint from
+both (`SELECTION`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ BOS_KINDS = ("mean", "random", "zero")  # C5: what replaces the BOS's embedding
 # C1, C2: each judged magnitude beside the same on these nulls of its sequences
 NULL_KINDS: tuple[NullKind, ...] = ("shuffle", "shift")
 BASELINE_ROLES: tuple[RoleName, ...] = ("standard", "large-base", "sliding")  # the models C1, C2 (and C4) judge
+SELECTION = "selection"  # the sample C3's heads are chosen on, which judges nothing
+# Each sample's part of the sequences: (index, count) of count·N drawn once. A and B halve 2N as they always have;
+# the selection sample is the third of 3N, disjoint from both because a larger draw with the same seed extends the
+# smaller one (posleak.data.batches.make_sequences), and A and B keep their sequences (and their run folders).
+PARTS: dict[str, tuple[int, int]] = {"A": (0, 2), "B": (1, 2), SELECTION: (2, 3)}
 
 
 class Reproduction:
@@ -50,13 +56,13 @@ class Reproduction:
         return analysis_config(self.plan, role, **changes)
 
     def job(self, name: str, model: str, config: AnalyzeConfig, sample: str) -> AnalysisJob:
-        """Analysis `name` of `model` on sample A or B (the first or second half of 2·num_seqs sequences drawn
-        once: disjoint by construction), into OUT/runs/NAME-SAMPLE."""
+        """Analysis `name` of `model` on sample A, B or SELECTION (its part of the sequences, `PARTS`: disjoint by
+        construction), into OUT/runs/NAME-SAMPLE."""
         folder = self.out.path / "runs" / f"{name}-{sample}"
-        return AnalysisJob(f"{name}-{sample}", model, config, folder, half=SAMPLES.index(sample))
+        return AnalysisJob(f"{name}-{sample}", model, config, folder, part=PARTS[sample])
 
     def sample(self, model: str, config: AnalyzeConfig, sample: str) -> TokenBatch:
-        return draw_sequences(self.models, model, config, SAMPLES.index(sample))
+        return draw_sequences(self.models, model, config, PARTS[sample])
 
     def run(self, jobs: list[AnalysisJob]) -> list[AnalysisResult]:
         """The result of every job, in order: finished ones read back, the others run on the backend."""

@@ -38,8 +38,8 @@ def reproduce(
     `backend`: "local" runs the analyses here one after another, in the same waves as Ray's (each wave takes
     each model's analyses together, so that it loads once), and the lab trials side by side, one process per core;
     "ray" runs each as a Ray task (posleak.experiments.batch), on a local cluster or the one at `address`, in
-    waves: every analysis that needs nothing else, then C3's baselines in the other BOS setting, then C3's patches
-    and ablations (their heads come from the baselines)."""
+    waves: every analysis that needs nothing else, then C3's baselines on its selection sample and in the other BOS
+    setting, then C3's clock removals, patches and ablations (their heads come from the selection baselines)."""
     if problems := reproduction_problems(out, plan, backend):
         raise BadInput(problems)
     repro = Reproduction(Path(out), plan, progress, backend, address)
