@@ -102,13 +102,15 @@ class AnalysisJob:
     """One analysis: `model` under `config`, written to the run folder `out`.
 
     `half`: None draws the sequences `config` names; 0 or 1 draws 2·num_seqs once and takes the first or the second
-    half (`posleak paper`'s disjoint samples A and B)."""
+    half (`posleak paper`'s disjoint samples A and B). `report`: whether the run folder gets its own figures and
+    report.html (`paper`'s analyses do not: the reproduction has its own report)."""
 
     name: str
     model: str
     config: AnalyzeConfig
     out: Path
     half: int | None = None
+    report: bool = True
 
     def sequences(self, models: ModelCache) -> TokenBatch:
         return draw_sequences(models, self.model, self.config, self.half)
@@ -130,7 +132,14 @@ class AnalysisJob:
         config = self.config
         loaded = models.get(self.model, config.interventions, config.execution.placement)
         return analyze_model(
-            loaded.model, batch, config.analysis, recipe=config.recipe, out=self.out, loaded=loaded, progress=progress
+            loaded.model,
+            batch,
+            config.analysis,
+            recipe=config.recipe,
+            out=self.out,
+            loaded=loaded,
+            progress=progress,
+            report=self.report,
         )
 
 

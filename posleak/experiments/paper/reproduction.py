@@ -51,9 +51,9 @@ class Reproduction:
 
     def job(self, name: str, model: str, config: AnalyzeConfig, sample: str) -> AnalysisJob:
         """Analysis `name` of `model` on sample A or B (the first or second half of 2·num_seqs sequences drawn
-        once: disjoint by construction), into OUT/runs/NAME-SAMPLE."""
+        once: disjoint by construction), into OUT/runs/NAME-SAMPLE, its tables without a report of its own."""
         folder = self.out.path / "runs" / f"{name}-{sample}"
-        return AnalysisJob(f"{name}-{sample}", model, config, folder, half=SAMPLES.index(sample))
+        return AnalysisJob(f"{name}-{sample}", model, config, folder, half=SAMPLES.index(sample), report=False)
 
     def sample(self, model: str, config: AnalyzeConfig, sample: str) -> TokenBatch:
         return draw_sequences(self.models, model, config, SAMPLES.index(sample))
