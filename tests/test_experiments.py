@@ -229,6 +229,8 @@ def test_every_run_folder_is_complete(paper: Path) -> None:
     assert set(manifest["runs"].values()) <= {str(folder) for folder in folders}
     for folder in folders:
         assert json.loads((folder / "manifest.json").read_text())["status"] == "complete", folder
+        # the tables the claims read, and no per-run report: the reproduction draws its own
+        assert (folder / "per_layer.parquet").is_file() and not (folder / "report.html").exists(), folder
     trials = sorted((paper / "lab" / "trials").iterdir())
     assert len(trials) == 3 * 2 and all((trial / "complete.json").is_file() for trial in trials)
 

@@ -11,47 +11,29 @@ every query's key 0) and a logit term in i·j, each checked against the brute fo
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from reference import RecordedLayer, reference_layer, relative_error
 
-from posleak.capture.store import CallFacts, LayerCapture
+from posleak.capture.store import LayerCapture
 from posleak.experiments.paper.c1 import MEASURES as C1_MEASURES
 from posleak.experiments.paper.c1 import claim_c1
 from posleak.measure import Decomposition, Grid, MeasureSpec, layer_value, measure_layer
+from posleak.measure.planted import Planted
+from posleak.measure.planted import planted_layer as planted_layer_of
 from posleak.pipeline import AnalysisResult
 
-T, N, HEADS, DIM = 256, 16, 4, 16
+T, N = 256, 16
 PRESENT = 0.05  # nats: C1's threshold for a magnitude to count as present (docs/method.md §13)
 
 
 def planted_layer(
     sigma: float, seed: int, token_scale: bool = False, sink: float = 0.0, product: float = 0.0
 ) -> LayerCapture:
-    """Random q, k (N, H, T, D) with logit spread σ, no RoPE, causal; `token_scale`: each query times
-    exp(N(0, 0.5²)) drawn per token id; `sink`: + that many nats on key 0; `product`: + product·(i/T)(j/T)·4."""
-    gen = torch.Generator().manual_seed(seed)
-    query = torch.randn(N, HEADS, T, DIM, generator=gen)
-    keys = torch.randn(N, HEADS, T, DIM, generator=gen)
-    if token_scale:
-        tokens = torch.randint(0, 50, (N, T), generator=gen)
-        per_token = torch.exp(0.5 * torch.randn(50, generator=gen))
-        query = query * per_token[tokens][:, None, :, None]
-    scaling = sigma / DIM**0.5  # q·k has variance D, so the logits have spread σ
-    position = torch.arange(T, dtype=torch.float32) / T
-    extra_q = torch.stack([torch.ones(T), 2 * position], -1)  # the sink's and the product's coordinates
-    extra_k = torch.stack([(position == 0).float() * sink, 2 * position * product], -1) / scaling
-    query = torch.cat([query, extra_q.expand(N, HEADS, T, 2)], -1)
-    keys = torch.cat([keys, extra_k.expand(N, HEADS, T, 2)], -1)
-    logits = (query.double() @ keys.double().mT) * scaling
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    log_z = torch.logsumexp(logits.masked_fill(~causal, -torch.inf), -1).float()
-    facts = CallFacts(scaling=scaling, softcap=None, causal=True, window=None, prefix=0, norm="softmax", sink=None)
-    return LayerCapture(layer=0, facts=facts, query=query, keys=keys, log_z=log_z)
+    """A planted layer (posleak.measure.planted) of T = 256, N = 16, 4 heads of dimension 16."""
+    planted = Planted(sigma, token_scale, sink, product, seq_len=T, num_seqs=N)
+    return planted_layer_of(planted, seed)
 
 
 def measured(capture: LayerCapture, resamples: int = 200) -> Decomposition:
@@ -111,7 +93,7 @@ def test_planted_absolute_position_is_found_at_its_size(planted: dict) -> None:
 def _planted_model(**planted: float) -> AnalysisResult:
     """Three planted layers (seeds 0–2, σ = 2) as one model's analysis: its per-layer magnitudes and the layers'
     bootstrap resamples (mean over heads as posleak's layer value, posleak.measure.layer_value)."""
-    layers = [dataclasses.replace(planted_layer(2.0, seed=seed, **planted), layer=seed) for seed in range(3)]
+    layers = [planted_layer_of(Planted(**planted), seed, layer=seed) for seed in range(3)]
     result = measured_layers(layers)
     bootstrap = result.bootstrap
     assert bootstrap is not None

@@ -103,13 +103,15 @@ class AnalysisJob:
 
     `part`: None draws the sequences `config` names; (index, count) draws count·num_seqs once and takes rows
     [index·num_seqs, (index + 1)·num_seqs) (`posleak paper`'s disjoint samples: A and B halve 2·num_seqs, C3's
-    selection sample is the third of 3·num_seqs)."""
+    selection sample is the third of 3·num_seqs). `report`: whether the run folder gets its own figures and
+    report.html (`paper`'s analyses do not: the reproduction has its own report)."""
 
     name: str
     model: str
     config: AnalyzeConfig
     out: Path
     part: tuple[int, int] | None = None
+    report: bool = True
 
     def sequences(self, models: ModelCache) -> TokenBatch:
         return draw_sequences(models, self.model, self.config, self.part)
@@ -131,7 +133,14 @@ class AnalysisJob:
         config = self.config
         loaded = models.get(self.model, config.interventions, config.execution.placement)
         return analyze_model(
-            loaded.model, batch, config.analysis, recipe=config.recipe, out=self.out, loaded=loaded, progress=progress
+            loaded.model,
+            batch,
+            config.analysis,
+            recipe=config.recipe,
+            out=self.out,
+            loaded=loaded,
+            progress=progress,
+            report=self.report,
         )
 
 

@@ -273,6 +273,7 @@ def _position_measures(
         model_id=f"lab:{trial.name}",
         tokenizer=tokenizer,
         progress=progress,
+        report=False,  # the lab's report is drawn from the trials' tables
     )
     per_layer = analysis.per_layer
     per_layer.to_parquet(folder / "per_layer.parquet", index=False)

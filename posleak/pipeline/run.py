@@ -61,6 +61,7 @@ def analyze_model(
     model_id: str | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
     progress: bool = True,
+    report: bool = True,
 ) -> AnalysisResult:
     """Analyse `batch` on `model` (already switched to posleak attention).
 
@@ -69,6 +70,7 @@ def analyze_model(
     measures it (one checkpoint per layer).
     `loaded` supplies provenance for a checkpoint (its id and file hash); a lab model passes `model_id`. The
     `recipe` that made the sequences, where a command made them, is part of the run folder's fingerprint.
+    `report=False` leaves the run folder without its figures and report.html (its tables and manifest are the same).
     """
     tokenizer = loaded.tokenizer if loaded is not None else tokenizer
     model_id = loaded.name if loaded is not None else (model_id or type(model).__name__)
@@ -77,13 +79,13 @@ def analyze_model(
     if problems := options.measure.problems(batch.seq_len, None) + options.execution.problems():
         raise BadInput(problems)
     if out is None:
-        return _analyze(model, batch, options, None, loaded, model_id, tokenizer, progress)
+        return _analyze(model, batch, options, None, loaded, model_id, tokenizer, progress, report)
     run = RunFolder(Path(out))
     identity = recipe.identity() | options.identity() if recipe is not None else options.identity()
     with run.claim(run_args(model_id, loaded, batch, identity)) as state:  # one process at a time
         if state == COMPLETE:
             return AnalysisResult.read(run)
-        return _analyze(model, batch, options, run, loaded, model_id, tokenizer, progress)
+        return _analyze(model, batch, options, run, loaded, model_id, tokenizer, progress, report)
 
 
 def _analyze(
@@ -95,6 +97,7 @@ def _analyze(
     model_id: str,
     tokenizer: PreTrainedTokenizerBase | None,
     progress: bool,
+    report: bool = True,
 ) -> AnalysisResult:
     """Capture, measure, and build the result; with a run folder, write it there and mark it finished."""
     started = time.perf_counter()
@@ -128,7 +131,7 @@ def _analyze(
     manifest = run_manifest(model, model_id, loaded, batch, options, tokenizer, measured, closed, sink_heads, timings)
     result.manifest = manifest
     if run is not None:
-        write_run(run, result)
+        write_run(run, result, report)
         run.finish(manifest)
         result.run = run
     return result

@@ -138,10 +138,14 @@ def _position0_tokens(batch: TokenBatch, tokenizer: PreTrainedTokenizerBase | No
     ]
 
 
-def write_run(run: RunFolder, result: AnalysisResult) -> None:
-    """The tables, figures and report of `result` in `run` (its manifest is written when the run finishes)."""
+def write_run(run: RunFolder, result: AnalysisResult, report: bool = True) -> None:
+    """The tables, figures and report of `result` in `run` (its manifest is written when the run finishes).
+    `report=False` writes the tables only: for runs read by a command with a report of its own (`paper`, the lab),
+    where drawing each run's figures was a third of an analysis at small sizes."""
     for name in (*AnalysisResult.TABLES, "tokens"):
         run.write_table(name, getattr(result, name))
+    if not report:
+        return
     early = result.manifest["early"]
     paths = {
         "magnitudes": figures.component_magnitudes(

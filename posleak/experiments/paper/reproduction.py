@@ -57,9 +57,9 @@ class Reproduction:
 
     def job(self, name: str, model: str, config: AnalyzeConfig, sample: str) -> AnalysisJob:
         """Analysis `name` of `model` on sample A, B or SELECTION (its part of the sequences, `PARTS`: disjoint by
-        construction), into OUT/runs/NAME-SAMPLE."""
+        construction), into OUT/runs/NAME-SAMPLE, its tables without a report of its own."""
         folder = self.out.path / "runs" / f"{name}-{sample}"
-        return AnalysisJob(f"{name}-{sample}", model, config, folder, part=PARTS[sample])
+        return AnalysisJob(f"{name}-{sample}", model, config, folder, part=PARTS[sample], report=False)
 
     def sample(self, model: str, config: AnalyzeConfig, sample: str) -> TokenBatch:
         return draw_sequences(self.models, model, config, PARTS[sample])
