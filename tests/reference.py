@@ -504,3 +504,35 @@ def identity_error(profiles: pd.DataFrame, recorder: LogitRecorder, early: int) 
         identity = cells["g"].to_numpy() + cells["c"].to_numpy() + cells["w"].to_numpy()
         worst = max(worst, relative_error(identity, ref.mean_logattn[h, i, d]))
     return worst
+
+
+# ------------------------------------------------------------------------------------------ the identity probe
+
+
+def identity_accuracy_by_hand(states: np.ndarray, tie: float) -> np.ndarray:
+    """The identity probe's held-out accuracy (L, S) from states (L, S, K, P, d), one guess at a time: for held-out
+    sequence s, layer l and position p, each variant's state minus the mean of s's K variants, against each class
+    mean of the other sequences' states centred the same way; the nearest class wins, and the classes within
+    `tie`·(the layer's mean state norm) of the nearest share the guess's credit."""
+    layers, seqs, count, positions, _ = states.shape
+    x = states.astype(np.float64)
+    accuracy = np.zeros((layers, seqs))
+    for layer in range(layers):
+        scale = np.mean(
+            [np.linalg.norm(x[layer, t, k, p]) for t in range(seqs) for k in range(count) for p in range(positions)]
+        )
+        for s in range(seqs):
+            credit = 0.0
+            for p in range(positions):
+                centred = [
+                    [x[layer, t, k, p] - x[layer, t, :, p].mean(axis=0) for k in range(count)] for t in range(seqs)
+                ]
+                for k in range(count):
+                    distances = []
+                    for j in range(count):
+                        mean_j = sum(centred[t][j] for t in range(seqs) if t != s) / (seqs - 1)
+                        distances.append(float(np.sqrt(np.sum((centred[s][k] - mean_j) ** 2))))
+                    tied = [j for j, d in enumerate(distances) if d <= min(distances) + tie * scale]
+                    credit += (k in tied) / len(tied)
+            accuracy[layer, s] = credit / (count * positions)
+    return accuracy

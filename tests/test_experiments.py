@@ -21,6 +21,7 @@ import torch
 from browser import check_in_chromium, needs_chromium, section_tables, table_layout
 from cli import file_stamps, run_cli, run_main, strict_json_files
 from tiny import SINK_T, sink_ids, sink_model, sink_scores
+from transformers import PreTrainedModel
 
 from posleak.cli.summary import claim_lines
 from posleak.data.batches import TokenBatch
@@ -39,7 +40,16 @@ from posleak.experiments.paper.c3_units import (
 )
 from posleak.experiments.paper.c4 import LabRuns, claim_c4, lab_runs
 from posleak.experiments.paper.c5 import claim_c5
-from posleak.experiments.paper.c6 import claim_c6
+from posleak.experiments.paper.c6 import (
+    C6,
+    CHANCE,
+    FINGERPRINT_SEQ_LEN,
+    IDENTITY_COLUMNS,
+    MIN_EFFECT,
+    IdentityProbe,
+    claim_c6,
+    probe_identity,
+)
 from posleak.experiments.paper.plan import ROLES
 from posleak.experiments.paper.reproduction import PARTS, SELECTION, Reproduction, shared_analyses
 from posleak.experiments.paper.verdict import Claim, fact, judge, replicated, row
@@ -113,7 +123,7 @@ def test_every_json_the_reproduction_writes_is_strict(paper: Path) -> None:
     files = strict_json_files(paper)
     assert paper / "claims.json" in files and len(files) > 2 * 13
     exact = [r for c in files[paper / "claims.json"] for s in c["samples"].values() for r in s["evidence"]]
-    assert any(r["lo"] is None and r["hi"] is None for r in exact)  # the closed-system and fingerprint rows
+    assert any(r["lo"] is None and r["hi"] is None for r in exact)  # the closed-system rows
 
 
 @pytest.mark.slow
@@ -142,6 +152,9 @@ def test_position0_and_sink_ablation_tables(paper: Path) -> None:
         gemma = position0[position0["model"] == "gemma3-270m"]
         assert (gemma["fingerprint_cos_bos"] > 1 - 1e-6).all()  # constant with the auto-prepended BOS
         assert (gemma["fingerprint_cos_nobos"] < 1 - 1e-3).any()
+        identity = pd.read_parquet(paper / f"identity_{sample}.parquet")
+        assert list(identity.columns) == ["model", "layer", *IDENTITY_COLUMNS]
+        assert set(identity["model"]) == {"gemma3-270m", "smollm2-135m"}
         ablation = pd.read_parquet(paper / f"sink_ablation_{sample}.parquet")
         assert list(ablation.columns) == ["unit", "run", "head_count", "heads", "change_pct", "lo", "hi"]
         units = _c3_units(paper, sample)
@@ -722,32 +735,104 @@ def test_claim_c5_verdicts(changes: dict[str, Estimate], verdict: str) -> None:
     assert (mean["value"], mean["lo"], mean["hi"]) == pytest.approx((-changes["mean"].value, -hi, -lo))
 
 
-def _fingerprint(bos: list[float], nobos: list[float]) -> pd.DataFrame:
-    return pd.DataFrame({"layer": range(len(bos)), "fingerprint_cos_bos": bos, "fingerprint_cos_nobos": nobos})
+def _probe(accuracy: list[float], removed: list[float] | None, sinks: dict[int, tuple[int, ...]]) -> IdentityProbe:
+    """A probe of 3 layers (resid 0–2) whose sequences score `accuracy` (%) with the model as it is and `removed`
+    without its sink heads' reads (None: no sink head), in every layer but resid 0, which scores chance."""
+
+    def per_layer(values: list[float]) -> torch.Tensor:
+        chance = torch.full((1, len(values)), CHANCE, dtype=torch.float64)
+        return torch.cat([chance, torch.tensor([values, values], dtype=torch.float64)])
+
+    return IdentityProbe(per_layer(accuracy), None if removed is None else per_layer(removed), sinks, RESAMPLES, 0)
 
 
-CONSTANT_AND_VARYING = _fingerprint([1.0, 0.9999, 1.0], [1.0, 0.95, 0.989])
-NOT_CONSTANT = _fingerprint([1.0, 0.99, 1.0], [1.0, 0.95, 0.98])
-NEARLY_CONSTANT = _fingerprint([1.0, 0.9995, 1.0], [1.0, 0.95, 0.98])
-NOT_VARYING = _fingerprint([1.0, 1.0, 1.0], [1.0, 0.9995, 0.9999])
+SINK_0 = {0: (1,), 1: ()}  # a sink head in the first block: the layers after it are resid 1 and 2
+CARRIED_AND_REMOVED = _probe([100, 90, 95, 100, 85, 100], [20, 10, 15, 30, 12.5, 25], SINK_0)
+AT_CHANCE = _probe([12.5, 15.6, 9.4, 12.5, 12.5, 12.5], [12.5, 12.5, 12.5, 15.6, 9.4, 12.5], SINK_0)
+NOT_REMOVED = _probe([100, 90, 95, 100, 85, 100], [100, 90, 96.9, 100, 85, 100], SINK_0)
+WEAKLY_REMOVED = _probe([100, 90, 95, 100, 85, 100], [100, 60, 95, 100, 85, 100], SINK_0)
+NO_SINK = _probe([100, 90, 95, 100, 85, 100], None, {0: (), 1: ()})
 
 
 @pytest.mark.parametrize(
-    ("fingerprints", "verdict"),
+    ("probes", "verdict"),
     [
-        ({"a": CONSTANT_AND_VARYING, "b": CONSTANT_AND_VARYING}, "consistent"),
-        ({"a": CONSTANT_AND_VARYING, "b": NOT_VARYING}, "not consistent"),
-        ({"a": NOT_CONSTANT, "b": CONSTANT_AND_VARYING}, "not consistent"),
-        ({"a": NEARLY_CONSTANT, "b": CONSTANT_AND_VARYING}, "inconclusive"),
+        ({"a": CARRIED_AND_REMOVED, "b": CARRIED_AND_REMOVED}, "consistent"),
+        ({"a": CARRIED_AND_REMOVED, "b": AT_CHANCE}, "not consistent"),
+        ({"a": NOT_REMOVED, "b": CARRIED_AND_REMOVED}, "not consistent"),
+        ({"a": WEAKLY_REMOVED, "b": CARRIED_AND_REMOVED}, "inconclusive"),
+        ({"a": NO_SINK, "b": CARRIED_AND_REMOVED}, "inconclusive"),
     ],
 )
-def test_claim_c6_verdicts(fingerprints: dict[str, pd.DataFrame], verdict: str) -> None:
-    """cos ≥ 0.9999 in every layer with BOS (below 0.999 contradicts) and < 0.99 somewhere without (never below
-    0.999 contradicts), in every model."""
-    judgement = claim_c6(fingerprints)
+def test_claim_c6_verdicts(probes: dict[str, IdentityProbe], verdict: str) -> None:
+    """Per model, the first token's identity above chance + 5 points after the first sink head and lowered by more
+    than 5 points without the sink heads' reads: consistent; at chance, or not lowered: not consistent; one
+    sequence of six lowered (an interval across −5 points), or no sink head to remove: inconclusive. The rows are
+    the mean over resid 1–2 of each sequence's accuracy and its paired change."""
+    judgement = claim_c6(probes)
     assert judgement.verdict == verdict
     rows = judgement.evidence.set_index("evidence")
-    assert rows.loc["a: least cosine with BOS", "value"] == fingerprints["a"]["fingerprint_cos_bos"].min()
+    a = probes["a"]
+    if a.removed is not None:
+        assert rows.loc["a: first-token accuracy", "value"] == pytest.approx(a.accuracy[1:].mean().item())
+        change = (a.removed[1:] - a.accuracy[1:]).mean().item()
+        assert rows.loc["a: change without sink reads", "value"] == pytest.approx(change)
+    assert rows.loc["b: first-token accuracy", "threshold"] == f"> {CHANCE + MIN_EFFECT:g}"
+
+
+def test_c6_writes_its_tables_figure_and_sentence(tmp_path: Path) -> None:
+    """From built probes and h_0 tables: identity_A has every layer of each model (NaN without sink heads),
+    position0_A the h_0 constancy, the figure is written, and the sentence quotes the testable model's rows."""
+    module = C6(Reproduction(tmp_path / "paper", QUICK, progress=False))
+    module.probes = {"A": {"a": CARRIED_AND_REMOVED, "b": NO_SINK}}
+    cos = pd.DataFrame({"layer": range(3), "fingerprint_cos_bos": 1.0, "fingerprint_cos_nobos": 0.5})
+    module.fingerprints = {"A": {"a": cos, "b": cos}}
+    runs: Any = None  # C6 reads its own measurements, not the shared runs
+    assert module.tables(runs, "A") == []
+    identity = pd.read_parquet(tmp_path / "paper" / "identity_A.parquet")
+    assert list(identity.columns) == ["model", "layer", *IDENTITY_COLUMNS] and len(identity) == 6
+    a, b = identity[identity["model"] == "a"], identity[identity["model"] == "b"]
+    assert a["accuracy"].tolist() == pytest.approx([CHANCE, 95.0, 95.0]) and b["removed"].isna().all()
+    assert len(pd.read_parquet(tmp_path / "paper" / "position0_A.parquet")) == 6
+    (figure,) = module.figures(runs)
+    assert figure.is_file()
+    sentence = module.against_paper(module.judge(runs, "A"), runs)
+    assert "chance 12.5%): a 95 % (90 to 99.2), changed by -76.25 % points (" in sentence
+
+
+def _sink_reader(carry: bool) -> tuple[PreTrainedModel, list[int]]:
+    """`sink_model` with one sink head (0.0) that also sinks on each of 8 first tokens (their embeddings take the
+    BOS's direction u_1 beside their own), and, with `carry`, writes what it reads (its output projection random;
+    every other head and MLP writes nothing): position 0's identity reaches later positions through that head's read
+    of key 0 alone. Also the 8 first tokens (24–31; the sequences' other tokens are 1–23)."""
+    model, candidates = sink_model({(0, 0): 8.0}, layers=2), list(range(24, 32))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        embedding = model.model.embed_tokens.weight
+        embedding[candidates, 1:] = (embedding[candidates, 1:] + embedding[0, 1:]) / 2**0.5  # same norm, u_1 in it
+        if carry:
+            out = model.model.layers[0].self_attn.o_proj.weight
+            out[:, : model.config.head_dim] = torch.randn(out.shape[0], model.config.head_dim, generator=generator)
+    return model, candidates
+
+
+@pytest.mark.parametrize("carry", [True, False])
+def test_the_identity_probe_finds_a_first_token_that_only_the_sink_head_carries(carry: bool) -> None:
+    """On a model whose one sink head (α₀ > 0.3 found on the variants themselves) is the only path from position 0:
+    where it writes what it reads, the first token is told at every later layer (100%, chance 12.5%) and removing
+    its reads of key 0 takes that to exactly chance (a change of −87.5 points): consistent; where it writes nothing,
+    the probe scores exactly chance with and without it: not consistent."""
+    model, candidates = _sink_reader(carry)
+    ids = torch.randint(1, 24, (6, FINGERPRINT_SEQ_LEN), generator=torch.Generator().manual_seed(0))
+    probe = probe_identity(model, ids, candidates, batch_size=2, resamples=RESAMPLES, seed=0)
+    assert probe.sinks == {0: (0,), 1: ()} and probe.later == [1, 2]
+    assert probe.removed is not None
+    torch.testing.assert_close(probe.accuracy[0], torch.full((6,), CHANCE, dtype=torch.float64))  # the embedding
+    torch.testing.assert_close(probe.removed, torch.full_like(probe.removed, CHANCE))
+    expected = 100.0 if carry else CHANCE
+    torch.testing.assert_close(probe.accuracy[1:], torch.full_like(probe.accuracy[1:], expected))
+    assert probe.change().value == pytest.approx(CHANCE - expected)
+    assert claim_c6({"m": probe}).verdict == ("consistent" if carry else "not consistent")
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ from reference import (
     LogitRecorder,
     assert_close,
     grid_edges,
+    identity_accuracy_by_hand,
     identity_error,
     magnitude_allowance,
     model_window,
@@ -36,7 +37,9 @@ from tiny import FAMILIES, WINDOW, tiny_model
 
 from posleak.capture import use_posleak_attention
 from posleak.capture.masks import MaskSpec
+from posleak.capture.residual import CLOSED_SYSTEM_RTOL
 from posleak.capture.store import CallFacts, CaptureFolder, LayerCapture, QKRecorder
+from posleak.intervene import Interventions
 from posleak.measure import (
     Decomposition,
     Grid,
@@ -49,6 +52,7 @@ from posleak.measure import (
 )
 from posleak.measure.components import _log_cumulative_sum_exp
 from posleak.measure.layer_sums import segment_boundaries, sum_layer
+from posleak.measure.position0 import first_token_variants, identity_accuracy, variant_states
 from posleak.measure.regression import DesignMoments, delta_r2, running_sums
 
 T = 3 * WINDOW
@@ -407,6 +411,61 @@ def test_resample_weights_and_percentiles() -> None:
     assert not torch.equal(weights, resample_weights(7, 300, seed=4))
     lo, hi = percentile_interval(torch.tensor([[1.0, float("nan")], [2.0, float("nan")], [3.0, float("nan")]]), 0.5)
     assert lo[0] == 1.5 and hi[0] == 2.5 and lo[1].isnan() and hi[1].isnan()
+
+
+# ------------------------------------------------------------------------- the identity probe (C6)
+
+CANDIDATES = list(range(10, 18))  # K = 8 first tokens of the tiny vocabulary
+PROBE_AT = (8, 16, 24, 31)
+
+
+def test_identity_accuracy_equals_a_hand_loop() -> None:
+    """Layers of states with no class signal (exact ties: every variant equal), pure noise, a weak and a strong
+    planted class offset: the vectorised probe equals a hand loop over every held-out guess, in float64."""
+    generator = torch.Generator().manual_seed(0)
+    shape = (5, 8, 2, 6)  # S, K, P, d of each layer
+    noise = torch.randn(4, *shape, generator=generator)
+    offsets = torch.randn(1, 8, 1, 6, generator=generator)  # one per class
+    tied = noise[0, :, :1].expand(shape)  # every variant equal: a state that cannot see position 0
+    states = torch.stack([tied, noise[1], noise[2] + 0.5 * offsets, noise[3] + 3 * offsets])
+    ours = identity_accuracy(states)
+    expected = identity_accuracy_by_hand(states.numpy(), CLOSED_SYSTEM_RTOL)
+    np.testing.assert_allclose(ours.numpy(), expected, rtol=0, atol=1e-12)
+    assert ours.dtype == torch.float64 and (ours[0] == 1 / 8).all() and ours[3].mean() > 0.5
+
+
+def test_identity_accuracy_centres_on_chance_without_signal_and_finds_a_planted_one() -> None:
+    """Over 200 draws of states that vary by noise alone (S = 8, K = 8), the mean held-out accuracy is 1/K within
+    0.005 (its standard error is about 0.002); a class offset of half the noise's scale gives ≫ chance."""
+    generator = torch.Generator().manual_seed(0)
+    draws = torch.stack(
+        [identity_accuracy(torch.randn(1, 8, 8, 4, 32, generator=generator)).mean() for _ in range(200)]
+    )
+    assert abs(draws.mean().item() - 1 / 8) < 0.005
+    planted = torch.randn(1, 8, 8, 4, 32, generator=generator) + 0.5 * torch.randn(1, 1, 8, 1, 32, generator=generator)
+    assert identity_accuracy(planted).mean() > 0.6
+
+
+def test_a_tiny_llama_carries_its_first_token_to_later_positions_and_loses_it_without_any_read_of_key_0() -> None:
+    """A random tiny Llama (3 layers, T = 32, S = 8, K = 8): at every later layer the probe tells the first token
+    (≥ 95%, chance 12.5%); the embedding of later positions, K identical first tokens, and the model with every
+    head's reads of key 0 removed (nothing from position 0 reaches a later position) all score 1/K exactly."""
+    model = use_posleak_attention(tiny_model("llama"))
+    ids = torch.randint(4, model.config.vocab_size, (8, 32), generator=torch.Generator().manual_seed(0))
+    accuracy = identity_accuracy(variant_states(model, ids, CANDIDATES, PROBE_AT, batch_size=4))
+    assert (accuracy[0] == 1 / 8).all() and (accuracy[1:].mean(1) >= 0.95).all()
+    same = identity_accuracy(variant_states(model, ids, [CANDIDATES[0]] * 8, PROBE_AT, batch_size=4))
+    every = ",".join(f"{layer}.{head}" for layer in range(3) for head in range(4))
+    edits = Interventions(remove_sink_reads=every).attention_edits()
+    removed = identity_accuracy(variant_states(model, ids, CANDIDATES, PROBE_AT, batch_size=4, edits=edits))
+    assert (same == 1 / 8).all() and (removed == 1 / 8).all()
+
+
+def test_first_token_variants_change_position_0_alone() -> None:
+    ids = torch.arange(12).reshape(2, 6)
+    variants = first_token_variants(ids, [90, 91, 92])
+    assert variants[:, 0].tolist() == [90, 91, 92, 90, 91, 92]
+    assert torch.equal(variants[:, 1:], ids[:, 1:].repeat_interleave(3, dim=0)) and ids[0, 0] == 0
 
 
 # ------------------------------------------------------------------------- grid, captures, results

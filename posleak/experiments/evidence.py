@@ -6,7 +6,8 @@ baseline and an intervention, or two lab models evaluated on the same rows) draw
 their resamples pair; runs on different sequences are independent, and pairing their k-th resamples is
 then a draw of the two independent bootstraps together. From those tables: the mean over layers of a
 magnitude, the percent change between two runs, the slope against relative depth, and differences and
-averages of these, each as a point value, its resamples and a percentile interval (docs/method.md §6).
+averages of these; and, for a quantity measured outside an analysis run (C6's probe), its mean over sequences,
+resampled over sequences. Each is a point value, its resamples and a percentile interval (docs/method.md §6).
 
 An estimate is judged against a threshold: it *supports* an expected direction when its whole interval
 lies beyond the threshold, *contradicts* it when the whole interval lies on the other side, and is
@@ -23,7 +24,7 @@ from typing import Literal
 
 import torch
 
-from posleak.measure import percentile_interval
+from posleak.measure import percentile_interval, resample_weights
 from posleak.pipeline import AnalysisResult, resampled_layers
 
 Says = Literal["supports", "contradicts", "unclear"]
@@ -89,6 +90,13 @@ def mean_of(estimates: Sequence[Estimate]) -> Estimate:
     """The average of independent estimates (seeds of a lab model): resample k is the mean of their k-th."""
     samples = torch.stack([e.samples for e in estimates])
     return Estimate(sum(e.value for e in estimates) / len(estimates), samples.mean(0))
+
+
+def sequence_mean(values: torch.Tensor, resamples: int, seed: int) -> Estimate:
+    """The mean over sequences of a per-sequence quantity `values` (S,), resampled over sequences with `seed`
+    (`resample_weights`): two quantities of the same sequences and seed draw the same resamples, so they pair."""
+    x = values.double()
+    return Estimate(float(x.mean()), resample_weights(x.shape[0], resamples, seed) @ x / x.shape[0])
 
 
 def _layers(result: AnalysisResult, measure: str, layers: Sequence[int] | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,64 +1,152 @@
 """C6: attention sinks pass forward a deterministic fingerprint of the token at position 0: constant across inputs
 with an auto-prepended BOS, varying with the token otherwise.
 
-Measured here, not in an analysis run: h_0 of a few short sequences of each fingerprint model, with its BOS and
-without.
+Measured here, not in an analysis run (docs/method.md §13). Position 0 is a closed system, so h_0 is constant with a
+BOS and varies with the token without one by construction: that proves nothing and is only reported (the
+`position0_SAMPLE` table). What the claim says is passed *forward* is tested instead, in each fingerprint model
+without a BOS: whether later positions carry the identity of the token at position 0 (the identity probe of
+posleak.measure.position0, K first tokens named before the data), and whether it goes when the sink heads no longer
+read key 0 (`--remove-sink-reads`, docs/method.md §9).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
+from transformers import PreTrainedModel
 
-from posleak.capture import CaptureSession, ResidualCapture
+from posleak.capture import CaptureSession, QueryStats, ResidualCapture
+from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.data.batches import TokenBatch, iter_batches, without_bos
+from posleak.experiments.evidence import Estimate, sequence_mean
 from posleak.experiments.paper.claim import ClaimModule, quote
 from posleak.experiments.paper.plan import FINGERPRINT_ROLES, SAMPLES, SHOWN, RoleName
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
-from posleak.experiments.paper.verdict import Judgement, fact, judge
-from posleak.measure.position0 import fingerprint_constancy
+from posleak.experiments.paper.verdict import Judgement, fact, judge, row
+from posleak.intervene import Interventions
+from posleak.intervene.patching import source_token
+from posleak.measure.position0 import fingerprint_constancy, identity_accuracy, variant_states
 from posleak.models.load import LoadedModel
 from posleak.report import figures
 from posleak.report.html import TableBlock
 
-COS_CONSTANT, COS_VARIES = 0.9999, 0.99  # constant with a BOS, varying without
-COS_FAILS = 0.999  # below it with a BOS the fingerprint is not constant; at or above it without, it does not vary
-FINGERPRINT_SEQ_LEN = 32  # position 0 is closed: a short sequence shows all of h_0
+# The K first tokens, named before the data: the eight most frequent English words, each one token in every built-in
+# tokenizer (a model whose tokenizer splits one is refused by name). Fixed words, not the first tokens of other
+# sequences, so that the K classes are distinct (chance is exactly 1/K) and the same in every model and sample.
+FIRST_TOKENS = ("the", "of", "and", "to", "in", "is", "that", "for")
+CHANCE = 100 / len(FIRST_TOKENS)  # % of the probe's guesses right by chance
+MIN_EFFECT = 5.0  # % points: the least accuracy above chance, and the least lowering by the removal, that count
+FINGERPRINT_SEQ_LEN = 32  # short: S·K variants of each sequence run twice (about 1 minute of --quick on 2 cores)
+# every 8th position from 8 (none nearer position 0) and the last: 8, 16, 24, 31
+PROBE_POSITIONS = (*range(8, FINGERPRINT_SEQ_LEN - 1, 8), FINGERPRINT_SEQ_LEN - 1)
+IDENTITY_COLUMNS = ("accuracy", "accuracy_lo", "accuracy_hi", "removed", "removed_lo", "removed_hi")  # per layer
 
 C6_CRITERION = (
-    f"In every model, the mean pairwise cosine of h_0 across inputs is ≥ {COS_CONSTANT} in every layer with a BOS at "
-    f"position 0 and below {COS_VARIES} in at least one layer without it. Not consistent if in some model it falls "
-    f"below {COS_FAILS} with a BOS, or stays at or above {COS_FAILS} in every layer without it; between those bands, "
-    "inconclusive."
+    f"In every fingerprint model without a BOS at position 0 (the first token of each sequence replaced in turn by "
+    f"each of K = {len(FIRST_TOKENS)} tokens named before the data: {', '.join(FIRST_TOKENS)}), a probe tells which "
+    f"token stood at position 0 from the hidden states at positions {', '.join(map(str, PROBE_POSITIONS))} "
+    "(nearest class mean after each sequence's mean over its variants is subtracted, held out by sequence), its "
+    "accuracy averaged over the residual states after the first sink head (α₀ > "
+    f"{SINK_THRESHOLD} on the same inputs): consistent if its 95% interval lies above chance ({CHANCE:g}%) + "
+    f"{MIN_EFFECT:g} points and removing the sink heads' reads of key 0 lowers it by more than {MIN_EFFECT:g} points "
+    f"(paired difference, interval below −{MIN_EFFECT:g}); not consistent if either interval lies wholly on the "
+    "other side (the identity at chance, or not lowered by the removal); inconclusive otherwise, or where a model "
+    "has no sink head. h_0's constancy with and without a BOS (closed by construction) is reported, not judged."
 )
 
 
-def claim_c6(fingerprints: Mapping[str, pd.DataFrame]) -> Judgement:
+@dataclass
+class IdentityProbe:
+    """One model on one sample: the probe's accuracy (%) of each sequence per resid index, (L + 1, S), with the
+    model as it is and with its sink heads' reads of key 0 removed (None: no sink head, so nothing to remove); the
+    sink heads by layer; the resamples' count and seed (the two accuracies draw the same resamples: they pair)."""
+
+    accuracy: torch.Tensor
+    removed: torch.Tensor | None
+    sinks: dict[int, tuple[int, ...]]
+    resamples: int
+    seed: int
+
+    @property
+    def later(self) -> list[int]:
+        """The resid indices after the first sink head: its block's output and every later one."""
+        first = min(layer for layer, heads in self.sinks.items() if heads)
+        return list(range(first + 1, self.accuracy.shape[0]))
+
+    def carried(self) -> Estimate:
+        """The accuracy over the layers after the first sink head."""
+        return self._mean(self.accuracy, self.later)
+
+    def change(self) -> Estimate:
+        """What removing the sink heads' reads of key 0 does to it (% points), paired by sequence."""
+        if self.removed is None:
+            raise ValueError("no sink head: nothing was removed")
+        return self._mean(self.removed, self.later).minus(self.carried())
+
+    def _mean(self, accuracy: torch.Tensor, layers: Sequence[int]) -> Estimate:
+        return sequence_mean(accuracy[list(layers)].mean(0), self.resamples, self.seed)
+
+    def table(self) -> pd.DataFrame:
+        """`layer` and IDENTITY_COLUMNS: each layer's accuracy and interval, as it is and without the sink heads'
+        reads (NaN without sink heads)."""
+        nan = (float("nan"),) * 3
+        records = []
+        for layer in range(self.accuracy.shape[0]):
+            values: tuple[float, ...] = ()
+            for accuracy in (self.accuracy, self.removed):
+                estimate = self._mean(accuracy, [layer]) if accuracy is not None else None
+                values += (estimate.value, *estimate.interval) if estimate is not None else nan
+            records.append(dict(zip(("layer", *IDENTITY_COLUMNS), (layer, *values), strict=True)))
+        return pd.DataFrame(records)
+
+
+def claim_c6(probes: Mapping[str, IdentityProbe]) -> Judgement:
+    """Per model (by label): the accuracy above chance and its change without the sink heads' reads decide."""
     rows = []
-    for label, table in fingerprints.items():
-        with_bos, without = float(table["fingerprint_cos_bos"].min()), float(table["fingerprint_cos_nobos"].min())
-        rows.append(
-            fact(
-                f"{label}: least cosine with BOS",
-                with_bos,
-                with_bos >= COS_CONSTANT,
-                with_bos < COS_FAILS,
-                f"≥ {COS_CONSTANT}",
-            )
-        )
-        rows.append(
-            fact(
-                f"{label}: least cosine without BOS",
-                without,
-                without < COS_VARIES,
-                without >= COS_FAILS,
-                f"< {COS_VARIES}",
-            )
-        )
+    for label, probe in probes.items():
+        if probe.removed is None:  # untestable: inconclusive
+            rows.append(fact(f"{label}: sink heads (α₀ > {SINK_THRESHOLD})", 0, False, False, "> 0 to test"))
+            continue
+        rows += [
+            row(f"{label}: first-token accuracy", probe.carried(), CHANCE + MIN_EFFECT, "above", "%"),
+            row(f"{label}: change without sink reads", probe.change(), -MIN_EFFECT, "below", "% points"),
+        ]
     return judge(rows)
+
+
+def probe_identity(
+    model: PreTrainedModel, ids: torch.Tensor, candidates: Sequence[int], batch_size: int, resamples: int, seed: int
+) -> IdentityProbe:
+    """The identity probe of `model` on `ids` (S×T), each row's first token replaced by each of `candidates`: as it
+    is, then with the reads of key 0 removed in its sink heads, those of α₀ > ε on the same variants (the
+    `--remove-sink-reads auto` rule, the last layer included: the probe reads its output)."""
+    stats = QueryStats(entropy=False)
+    states = variant_states(model, ids, candidates, PROBE_POSITIONS, batch_size, accumulators=[stats])
+    found = stats.result().sink_heads
+    sinks = {layer: tuple(found[layer].nonzero().flatten().tolist()) for layer in range(found.shape[0])}
+    accuracy = 100 * identity_accuracy(states)
+    removed = None
+    if any(sinks.values()):
+        edits = Interventions(remove_sink_reads="auto").attention_edits(sinks)
+        removed = 100 * identity_accuracy(variant_states(model, ids, candidates, PROBE_POSITIONS, batch_size, edits))
+    return IdentityProbe(accuracy, removed, sinks, resamples, seed)
+
+
+def measure_probe(repro: Reproduction, role: RoleName, sample: str) -> IdentityProbe:
+    """The identity probe of the model of `role` on `fingerprint_seqs` sequences of one sample, without a BOS."""
+    model = repro.plan.roles[role].model
+    loaded = repro.model(model)
+    config = repro.config(role, seq_len=FINGERPRINT_SEQ_LEN, num_seqs=repro.plan.fingerprint_seqs, bos="off")
+    ids = repro.sample(model, config, sample).ids
+    vocab = loaded.facts.vocab_size
+    candidates = [source_token(loaded.tokenizer, word, vocab, "C6's first token") for word in FIRST_TOKENS]
+    measure = config.measure
+    return probe_identity(loaded.model, ids, candidates, repro.plan.batch_size, measure.bootstrap, measure.seed)
 
 
 @torch.no_grad()
@@ -72,7 +160,7 @@ def position0_states(loaded: LoadedModel, batch: TokenBatch, batch_size: int) ->
 
 
 def fingerprint_table(repro: Reproduction, role: RoleName, sample: str) -> pd.DataFrame:
-    """`layer, fingerprint_cos_bos, fingerprint_cos_nobos` for the model of `role` and one sample."""
+    """`layer, fingerprint_cos_bos, fingerprint_cos_nobos` for the model of `role` and one sample (reported)."""
     model = repro.plan.roles[role].model
     loaded = repro.model(model)
     config = repro.config(role, seq_len=FINGERPRINT_SEQ_LEN, num_seqs=repro.plan.fingerprint_seqs, bos="on")
@@ -96,40 +184,69 @@ class C6(ClaimModule):
     )
     roles = FINGERPRINT_ROLES
     criterion = C6_CRITERION
-    method = "Mean pairwise cosine similarity of h_0^(l) across inputs, per residual index l (docs/method.md §8)."
+    method = (
+        "Identity probe (docs/method.md §8, §13): each sequence run with each of K named first tokens, the hidden "
+        "states at later positions classified by nearest class mean, held out by sequence; again with the sink "
+        "heads' reads of key 0 removed (§9). h_0's mean pairwise cosine across inputs, with and without a BOS, "
+        "reported."
+    )
 
     def measure(self, runs: Mapping[str, SampleRuns]) -> None:
-        """The fingerprint of each model, by model name, per sample."""
-        roles = self.repro.plan.roles
+        """The identity probe and h_0's constancy of each model, by model name, per sample."""
+        names = {role: self.repro.plan.roles[role].name for role in FINGERPRINT_ROLES}
+        self.probes = {s: {names[r]: measure_probe(self.repro, r, s) for r in FINGERPRINT_ROLES} for s in SAMPLES}
         self.fingerprints = {
-            s: {roles[role].name: fingerprint_table(self.repro, role, s) for role in FINGERPRINT_ROLES} for s in SAMPLES
+            s: {names[r]: fingerprint_table(self.repro, r, s) for r in FINGERPRINT_ROLES} for s in SAMPLES
         }
 
     def judge(self, runs: SampleRuns, sample: str) -> Judgement:
-        return claim_c6(self.fingerprints[sample])
+        return claim_c6(self.probes[sample])
+
+    def numbers(self, sample: str) -> dict[str, Any]:
+        """The first tokens, and each model's sink heads whose reads were removed (L.H)."""
+        heads = {
+            model: [f"{layer}.{head}" for layer, found in probe.sinks.items() for head in found]
+            for model, probe in self.probes[sample].items()
+        }
+        return {"first_tokens": list(FIRST_TOKENS), "sink_heads": heads}
 
     def tables(self, runs: SampleRuns, sample: str) -> list[TableBlock]:
-        """position0_SAMPLE: every model's fingerprint, one row per model and layer (not shown in the report)."""
-        tables = self.fingerprints[sample]
-        position0 = pd.concat([t.assign(model=m) for m, t in tables.items()], ignore_index=True)
+        """identity_SAMPLE (the probe per model and layer) and position0_SAMPLE (h_0's constancy), not shown."""
+        identity = pd.concat([p.table().assign(model=m) for m, p in self.probes[sample].items()], ignore_index=True)
+        self.repro.out.write_table(f"identity_{sample}", identity[["model", *identity.columns[:-1]]])
+        position0 = pd.concat([t.assign(model=m) for m, t in self.fingerprints[sample].items()], ignore_index=True)
         columns = ["model", "layer", "fingerprint_cos_bos", "fingerprint_cos_nobos"]
         self.repro.out.write_table(f"position0_{sample}", position0[columns])
         return []
 
     def against_paper(self, judgement: Judgement, runs: SampleRuns) -> str:
-        model = runs.roles["sliding"].name
+        shown = set(judgement.evidence["evidence"])
+        parts = [
+            f"{model} {quote(judgement, f'{model}: first-token accuracy')}, changed by "
+            f"{quote(judgement, f'{model}: change without sink reads')} without its sink heads' reads of key 0"
+            for model in self.probes[SHOWN]
+            if f"{model}: first-token accuracy" in shown
+        ]
+        found = "; ".join(parts) if parts else "no model has a sink head to test"
         return (
-            "The paper reports a fingerprint constant with a BOS and varying without; here the least cosine in "
-            f"{model} is {quote(judgement, f'{model}: least cosine with BOS')} with a BOS and "
-            f"{quote(judgement, f'{model}: least cosine without BOS')} without."
+            "The paper reports a fingerprint of the token at position 0 passed forward by the sinks; here the "
+            f"later layers tell which of {len(FIRST_TOKENS)} first tokens stood there (chance {CHANCE:g}%): {found}."
         )
 
     def figures(self, runs: SampleRuns) -> list[Path]:
-        cos = {
-            f"{model} {kind}": table.rename(columns={f"fingerprint_cos_{kind}": "cos"})
-            for model, table in self.fingerprints[SHOWN].items()
-            for kind in ("bos", "nobos")
-        }
-        path = self.repro.out.figure_path("c6_fingerprint")
-        title = f"Fingerprint constancy of h_0 across inputs (sample {SHOWN})"
-        return [figures.lines_by_run(cos, "cos", path, title=title, ylabel="mean pairwise cosine")]
+        lines: dict[str, pd.DataFrame] = {}
+        for model, probe in self.probes[SHOWN].items():
+            table = probe.table()
+            lines[model] = table
+            if probe.removed is not None:
+                removed = {f"removed{end}": f"accuracy{end}" for end in ("", "_lo", "_hi")}
+                lines[f"{model} without sink reads"] = table.drop(columns=list(removed.values())).rename(
+                    columns=removed
+                )
+        depth = max(len(table) for table in lines.values())
+        lines[f"chance (1/{len(FIRST_TOKENS)})"] = pd.DataFrame({"layer": range(depth), "accuracy": CHANCE})
+        path = self.repro.out.figure_path("c6_identity")
+        title = f"Which first token stood at position 0, read from later positions (sample {SHOWN})"
+        return [
+            figures.lines_by_run(lines, "accuracy", path, title=title, ylabel="probe accuracy (%)", relative_depth=True)
+        ]

@@ -49,7 +49,7 @@ ROLES: dict[RoleName, Role] = {
     # C5's BOS replacements and their baseline: early queries only, so no need for T > window
     "bos": Role("gemma3-270m", "gemma3-270m-bos", "gemma-bos", "gemma3-270m"),
 }
-FINGERPRINT_ROLES: tuple[RoleName, ...] = ("sliding", "standard")  # C6: the models whose h_0 is compared
+FINGERPRINT_ROLES: tuple[RoleName, ...] = ("sliding", "standard")  # C6: the models whose first token is probed
 BOS_ROLES: tuple[RoleName, ...] = ("bos", *FINGERPRINT_ROLES)  # C5 replaces the BOS, C6 compares with and without
 
 

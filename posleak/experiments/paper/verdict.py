@@ -145,7 +145,7 @@ def row(
 
 
 def fact(evidence: str, value: float, holds: bool, fails: bool, threshold: str, unit: str = "") -> dict[str, Any]:
-    """A row without an interval, for a property computed exactly (the closed system, cosines): it supports the
+    """A row without an interval, for a property computed exactly (the closed system): it supports the
     claim where it `holds`, contradicts it where it clearly `fails`, and is unclear in the band between."""
     says: Says = "supports" if holds else "contradicts" if fails else "unclear"
     nan = float("nan")
