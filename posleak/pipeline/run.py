@@ -290,12 +290,8 @@ def _capture_and_measure(
         for layer in sorted(set(measurer.facts) - set(results)):  # one batch: measured after its forward
             results[layer] = _measured(captures.layer(layer), spec, run)
             captures.drop_layer(layer)
-    return (
-        sink_heads,
-        spec,
-        [results[layer] for layer in sorted(results)],
-        measurer.seconds + time.perf_counter() - started,
-    )
+    seconds = measurer.seconds + time.perf_counter() - started
+    return sink_heads, spec, [results[layer] for layer in sorted(results)], seconds
 
 
 class InForwardMeasure:
