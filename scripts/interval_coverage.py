@@ -7,7 +7,7 @@ fresh layer of N sequences with `--bootstrap` resamples and asks whether the int
 
     python scripts/interval_coverage.py --num-seqs 4 8 16 --draws 200 --out docs/results/coverage.csv
 
-prints one line per (setting, N, magnitude) and writes the table.
+prints one line per (setting, N, magnitude) and writes the table, with a Markdown summary beside it (.md).
 """
 
 from __future__ import annotations
@@ -78,6 +78,23 @@ def main() -> None:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.out, index=False)
+        args.out.with_suffix(".md").write_text(summary(table))
+
+
+def summary(table: pd.DataFrame) -> str:
+    """Coverage by N (rows) and magnitude (columns), each cell the range over the settings."""
+    cells = table.groupby(["num_seqs", "magnitude"])["coverage"].agg(["min", "max"])
+    wide = cells.apply(lambda r: f"{100 * r['min']:.1f}–{100 * r['max']:.1f}%", axis=1).unstack("magnitude")
+    first = table.iloc[0]
+    lines = [
+        f"Coverage of 95% intervals on planted layers (T = {first.seq_len}, {first.draws} draws, "
+        f"{first.bootstrap} resamples; range over {table.setting.nunique()} settings), scripts/interval_coverage.py",
+        "",
+        "| N | " + " | ".join(NAMES) + " |",
+        "|---|" + "---|" * len(NAMES),
+    ]
+    lines += [f"| {n} | " + " | ".join(wide.loc[n, name] for name in NAMES) + " |" for n in wide.index]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
