@@ -63,8 +63,8 @@ CLAIMS = ["C1", "C2", "C3", "C4", "C5", "C6"]
 CHECK_BUDGET_S = 10.0
 # The reproduction end to end at test sizes: `--quick`'s roles, runs, claims and tables, with T, N, the bootstrap and
 # the lab made small through a plan file (the --plan a user has), so that the suite proves the mechanics in minutes.
-# The verdicts a reader sees come from a real `make run` (`posleak paper --quick`, 25–26 minutes on a quiet 2-core
-# machine, docs/performance.md), rendered into docs/results.md and the README, which a test below checks against
+# The verdicts a reader sees come from a real `make run` (`posleak paper --quick`, 16.5 minutes on a quiet 2-core
+# Intel Xeon, docs/performance.md), rendered into docs/results.md and the README, which a test below checks against
 # the claims.json they name.
 TEST_PLAN = """\
 roles:
@@ -73,8 +73,9 @@ roles:
   sliding: {seq_len: 576, num_seqs: 2}
 base: {bootstrap: 50, fingerprint_seqs: 4, lab_steps: 40, lab_seq_len: 32, lab_analyze_seqs: 8}
 """
-# 14.3 minutes measured on 2 cores with 66 analyses of about 10 s each, the lab and C6; C3's clock removals and
-# selection baselines have since added 15 analyses, not yet timed
+# 81 analyses (tables only, no per-run report), the lab and C6's probe: 5.5 minutes measured on a quiet 2-core
+# Intel Xeon (2026-12-04), 9.1 in a full suite run beside other work; 14.3 on a 2-core AMD EPYC when each run
+# still drew its own report. The budget leaves room for slower machines.
 TEST_PLAN_BUDGET_S = 20 * 60
 VERDICTS = {"consistent", "not consistent", "inconclusive"}
 

@@ -68,8 +68,8 @@ def role_for(role: RoleName, model: str) -> Role:
 @dataclass(frozen=True)
 class Plan:
     """Sizes of one reproduction, per sample (two disjoint samples), and the model of each role (`roles`, with
-    per-role T and N in `sizes` where a plan file gives them); `--quick` takes 25–26 minutes on 2 cores
-    (docs/performance.md)."""
+    per-role T and N in `sizes` where a plan file gives them); `--quick` took 16.5 minutes on a 2-core Intel
+    Xeon (docs/performance.md)."""
 
     name: str
     seq_len: int  # T and N of the standard role (and of the bos role, which follows it)
