@@ -332,7 +332,7 @@ def _real_ids(loaded: LoadedModel, seq_len: int, num_seqs: int, bos: BosPolicy =
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "seq_len", "num_seqs", "checked"),
-    [("gemma3", 640, 2, range(18)), ("smollm2", 1024, 2, (0, 6, 12, 18, 24, 29))],
+    [("gemma3", 640, 4, range(18)), ("smollm2", 1024, 2, (0, 6, 12, 18, 24, 29))],
 )
 def test_real_models_match_brute_force(
     name: str, seq_len: int, num_seqs: int, checked: Sequence[int], request: pytest.FixtureRequest
@@ -341,9 +341,9 @@ def test_real_models_match_brute_force(
     magnitude of per_head and per_layer (raw and corrected), ΔR², sink scores, profile and offset-map cells.
     Gemma 3 with its BOS at T = 640 has 128 queries beyond its 512-token window: every layer, sliding and global.
     SmolLM2 at T = 1024: its layers are all alike, so six of them spread over its depth (first and last
-    included): the test with all 30 took 342 s on 2 cores shared with other work, with these six 76 s alone. Two
-    sequences each: the definitions' sums over sequences are checked as well with two as with four, at half the
-    forwards (98 s and 88 s at N = 4 in a full suite run, 2026-12-04)."""
+    included): the test with all 30 took 342 s on 2 cores shared with other work, with these six 76 s alone; at
+    N = 2 (88 s at N = 4 in a full suite run, 2026-12-04). Gemma 3 stays at N = 4: at N = 2 one head's early
+    causal-mask magnitude is so near 0 that its float32 rounding reads as a relative error of 5.6e-5."""
     loaded: LoadedModel = request.getfixturevalue(name)
     config = AnalyzeConfig(seq_len=seq_len, num_seqs=num_seqs, batch_size=2, bootstrap=0)
     batch = sequences_for(loaded, config.recipe)
