@@ -61,6 +61,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     compare.add_argument("--out", required=True, help="folder for the comparison")
     compare.set_defaults(handler=_compare)
 
+    _add_paper_parser(sub)
+
+
+def _add_paper_parser(sub: argparse._SubParsersAction) -> None:
+    """`posleak paper` and its options (`_paper` runs it)."""
     paper = sub.add_parser("paper", help="reproduce claims C1–C6 of arXiv 2606.06160 (built-in models or any, by role)")
     size = paper.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="the default: about 15 minutes on 2 cores")
@@ -71,6 +76,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="each role's model: standard, large-base, sliding, bos (default: the built-ins; bos follows sliding)",
     )
     paper.add_argument("--plan", metavar="PLAN.yaml", help="a plan file: per role the model, T and N; other sizes")
+    paper.add_argument(
+        "--corpus",
+        action="append",
+        metavar="NAME",
+        help="the corpus every analysis draws from: stdlib | bible-web | FILE.txt | ...; repeat it to judge every "
+        "claim on each, side by side (default: stdlib; --full: stdlib and bible-web)",
+    )
     paper.add_argument("--out", default="runs/paper", help="output folder (rerun to resume)")
     paper.add_argument(
         "--render-docs",
@@ -300,7 +312,7 @@ def _paper(args: argparse.Namespace) -> int:
         print(f"wrote {', '.join(str(p.relative_to(Path.cwd())) for p in written)}", file=sys.stderr)
         return 0
     start = dataclasses.replace(FULL if args.full else QUICK, placement=placement_from(args))
-    plan, problems = paper_plan(start, args.models, args.plan)
+    plan, problems = paper_plan(start, args.models, args.plan, args.corpus)
     if problems:  # with every other problem of the run, before any work
         raise BadInput(problems + reproduction_problems(Path(args.out), plan, args.backend))
     claims = reproduce(Path(args.out), plan, backend=args.backend, address=args.address)

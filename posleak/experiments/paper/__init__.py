@@ -6,7 +6,9 @@ Every analysis is an ordinary `analyze` run folder under `OUT/runs/` and every l
 written in its own module (c1.py … c6.py) before any data were seen, on two disjoint samples of sequences (A
 and B): the sequences of each model are drawn once and split in halves, and every analysis, intervention and
 control runs on each half (C3 chooses its heads on a third sample, disjoint from both). A claim is consistent, or
-not consistent, only where both samples say so.
+not consistent, only where both samples say so. On several corpora (`--corpus NAME ...`; the full plan's stdlib
+and bible-web) the whole reproduction runs on each and a claim is consistent, or not, only where every corpus
+says so (corpora.py).
 
 Models by default (plan.py, by role): smollm2-135m (standard RoPE, θ = 1e5), gemma3-270m (5 sliding layers of W = 512 to
 one global; sequences longer than the window), qwen2.5-coder-0.5b (RoPE trained with θ = 1e6), smollm2-135m

@@ -133,7 +133,7 @@ def lab_runs(repro: Reproduction) -> LabRuns:
         for variant, spec in specs.items()
         for seed in plan.lab_seeds
     ]
-    root = repro.out.path / "lab"
+    root = repro.lab
     # as `posleak lab` does: trials side by side, one torch thread each (the same weights as one after another)
     jobs = os.cpu_count() or 1
     run_trials(trials, root, backend=repro.backend, address=repro.address, progress=repro.progress, jobs=jobs)

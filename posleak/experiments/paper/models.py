@@ -10,6 +10,7 @@ A plan file holds two sections, both optional:
     base:                                   # the plan's other sizes (names of `Plan` fields)
       ntk_factors: [4, 16]
       bootstrap: 200
+      corpora: [stdlib, bible-web]          # every claim judged on each (`--corpus` wins over it)
 
 The "bos" role (C5: whose BOS embedding is replaced) follows the "sliding" model unless named itself: the
 built-in set gives both to gemma3-270m, C5's replacements being measured on the sliding-window model at the
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +52,7 @@ COUNTS = (
     "lab_analyze_seqs",
     "batch_size",
 )
-LISTS = {"ntk_factors": float, "lab_seeds": int}
+LISTS = {"ntk_factors": float, "lab_seeds": int, "corpora": str}
 PLAN_FILE = SpecFormat(
     kind="paper plan",
     short="plan",
@@ -62,9 +64,15 @@ PLAN_FILE = SpecFormat(
 )
 
 
-def paper_plan(start: Plan, models: str | None = None, plan_file: str | Path | None = None) -> tuple[Plan, list[str]]:
-    """`start` with the models (and sizes) of `plan_file` and `models` (ROLE=MODEL,...), and every problem of
-    those two texts, one line each (an entry with a problem is left out of the plan). Reads no model."""
+def paper_plan(
+    start: Plan,
+    models: str | None = None,
+    plan_file: str | Path | None = None,
+    corpora: Sequence[str] | None = None,
+) -> tuple[Plan, list[str]]:
+    """`start` with the models (and sizes) of `plan_file` and `models` (ROLE=MODEL,...), and the `corpora`
+    (`--corpus`, winning over the file's), and every problem of those texts, one line each (an entry with a
+    problem is left out of the plan). Reads no model and no corpus (`reproduction_problems` reads them)."""
     problems = Problems()
     chosen: dict[RoleName, str] = {}
     sizes: dict[RoleName, tuple[int, int]] = {}
@@ -77,6 +85,8 @@ def paper_plan(start: Plan, models: str | None = None, plan_file: str | Path | N
     if "sliding" in chosen and "bos" not in chosen:
         chosen["bos"] = chosen["sliding"]  # the BOS role follows the sliding model (module docstring)
     roles = {role: role_for(role, chosen[role]) if role in chosen else start.roles[role] for role in ROLE_NAMES}
+    if corpora:
+        base["corpora"] = tuple(corpora)
     plan = dataclasses.replace(start, **base, roles=roles, sizes={**start.sizes, **sizes})
     return plan, problems.found
 
@@ -138,7 +148,7 @@ def _checked_base(path: Path, base: dict[str, Any], problems: Problems) -> dict[
     for key, value in base.items():
         if key in LISTS:
             kind = LISTS[key]
-            ok = isinstance(value, list) and bool(value) and all(_is_number(v, kind) for v in value)
+            ok = isinstance(value, list) and bool(value) and all(_is_item(v, kind) for v in value)
             value = tuple(kind(v) for v in value) if ok else value
         elif key == "name":
             ok = isinstance(value, str) and bool(value)
@@ -155,7 +165,8 @@ def _checked_base(path: Path, base: dict[str, Any], problems: Problems) -> dict[
 
 def _kind_of(key: str) -> str:
     if key in LISTS:
-        return f"a non-empty list of {'numbers > 0' if LISTS[key] is float else 'whole numbers ≥ 0'}"
+        kinds = {float: "numbers > 0", int: "whole numbers ≥ 0", str: "corpus names (stdlib, bible-web, a file, ...)"}
+        return f"a non-empty list of {kinds[LISTS[key]]}"
     return {"name": "a name", "cross_documents": "true or false"}.get(key, "a whole number ≥ 1")
 
 
@@ -163,7 +174,10 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def _is_number(value: Any, kind: type) -> bool:
+def _is_item(value: Any, kind: type) -> bool:
+    """Whether `value` is one of a list of `kind`: a float > 0, an int ≥ 0, or a non-empty str (a corpus name)."""
+    if kind is str:
+        return isinstance(value, str) and bool(value.strip())
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
     return value > 0 if kind is float else isinstance(value, int) and value >= 0

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
+from posleak.data import bible
+from posleak.data.corpus import DEFAULT_CORPUS
 from posleak.device import Placement
 from posleak.experiments.batch import safe_name
 
@@ -67,9 +69,9 @@ def role_for(role: RoleName, model: str) -> Role:
 
 @dataclass(frozen=True)
 class Plan:
-    """Sizes of one reproduction, per sample (two disjoint samples), and the model of each role (`roles`, with
-    per-role T and N in `sizes` where a plan file gives them); `--quick` took 16.5 minutes on a 2-core Intel
-    Xeon (docs/performance.md)."""
+    """Sizes of one reproduction, per sample (two disjoint samples), the model of each role (`roles`, with
+    per-role T and N in `sizes` where a plan file gives them) and the corpora; `--quick` took 16.5 minutes on a
+    2-core Intel Xeon (docs/performance.md)."""
 
     name: str
     seq_len: int  # T and N of the standard role (and of the bos role, which follows it)
@@ -92,6 +94,15 @@ class Plan:
     placement: Placement = field(default_factory=Placement)  # device and dtype of every analysis (posleak.device)
     roles: Mapping[RoleName, Role] = field(default_factory=lambda: dict(ROLES))  # the model of each role
     sizes: Mapping[RoleName, tuple[int, int]] = field(default_factory=dict)  # per role, T and N in place of below
+    # The corpora every claim is judged on (`posleak paper --corpus`): each runs the whole reproduction once, the
+    # lab line aside (posleak.experiments.paper.corpora); one corpus keeps the layout of a plain run.
+    corpora: tuple[str, ...] = (DEFAULT_CORPUS,)
+
+    @property
+    def corpus(self) -> str:
+        """The corpus the analyses draw their sequences from: the first (a plan of several runs once on each,
+        with that one alone)."""
+        return self.corpora[0]
 
     def size(self, role: RoleName) -> tuple[int, int]:
         """T and N (per sample) of the analyses of `role`: its own where `sizes` has them, else the plan's; the
@@ -140,4 +151,5 @@ FULL = Plan(
     lab_seq_len=128,
     lab_seeds=(0, 1, 2),
     lab_analyze_seqs=32,
+    corpora=(DEFAULT_CORPUS, bible.NAME),  # every claim on both corpora, side by side (method §13)
 )

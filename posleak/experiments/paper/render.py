@@ -40,9 +40,11 @@ def read_claims(path: Path) -> list[Claim]:
             name: Judgement(sample["verdict"], pd.DataFrame(sample["evidence"]).fillna(float("nan")))
             for name, sample in entry["samples"].items()
         }
-        # older claims.json files name no family-wise rule
+        # older claims.json files name no family-wise rule, nor corpora
         family_wise = entry.get("family_wise", "")
-        claims.append(Claim(entry["claim"], module.statement, entry["criterion"], samples, "", family_wise))
+        claim = Claim(entry["claim"], module.statement, entry["criterion"], samples, "", family_wise)
+        claim.corpora = entry.get("corpora", {})
+        claims.append(claim)
     return claims
 
 
@@ -66,10 +68,15 @@ def verdict_table(claims: Sequence[Claim]) -> str:
     lines = ["| claim | verdict | samples | what decided it |", "|---|---|---|---|"]
     for claim in claims:
         samples = ", ".join(f"{name} {j.verdict}" for name, j in claim.samples.items())
-        lines.append(
-            f"| {claim.claim}: {claim.statement} | **{claim.verdict}** | {samples} | {_rows(claim, claim.deciding())} |"
-        )
+        verdict = f"**{claim.verdict}**{_per_corpus(claim)}"
+        lines.append(f"| {claim.claim}: {claim.statement} | {verdict} | {samples} | {_rows(claim, claim.deciding())} |")
     return "\n".join(lines)
+
+
+def _per_corpus(claim: Claim) -> str:
+    """On several corpora, each corpus's verdict, to stand after the claim's; else nothing."""
+    corpora = claim.by_corpus()
+    return "" if len(corpora) == 1 else " (" + ", ".join(f"{c} {v}" for c, v in corpora.items()) + ")"
 
 
 def _evidence(judgement: Judgement) -> str:
@@ -96,19 +103,30 @@ def results_page(claims: Sequence[Claim], source: Path, figures: Sequence[Path])
         "",
         f"Generated from [{source.name}]({source.relative_to('docs')}) by `posleak paper --render-docs`; do not edit. "
         "Each claim is judged on two disjoint samples (A and B) by the criterion written in its module before the "
-        "data (method.md §13); it is consistent, or not, only where both samples agree.",
+        "data (method.md §13); it is consistent, or not, only where both samples agree"
+        f"{_on_corpora(claims)}.",
         "",
         verdict_table(claims),
     ]
     for claim in claims:
         out += ["", f"## {claim.claim}: {claim.statement}", "", f"**Criterion.** {claim.criterion}", ""]
         out += [f"**Family-wise rule.** {claim.family_wise}.", ""] if claim.family_wise else []
-        out += [f"**Verdict: {claim.verdict}** ({', '.join(f'{s} {j.verdict}' for s, j in claim.samples.items())})."]
+        samples = ", ".join(f"{s} {j.verdict}" for s, j in claim.samples.items())
+        out += [f"**Verdict: {claim.verdict}**{_per_corpus(claim)} ({samples})."]
         for name, judgement in claim.samples.items():
             out += ["", f"Sample {name}:", "", _evidence(judgement)]
         for figure in (f for f in figures if f.name.startswith(f"{claim.claim.lower()}_")):
             out += ["", f"![{figure.stem}]({figure.relative_to('docs')})"]
     return "\n".join(out) + "\n"
+
+
+def _on_corpora(claims: Sequence[Claim]) -> str:
+    """How the corpora's verdicts join, where the claims were judged on several (`verdict.across_corpora`)."""
+    corpora = list(claims[0].corpora) if claims else []
+    if len(corpora) < 2:
+        return ""
+    named = ", ".join(corpora)
+    return f"; it was judged on each of the corpora {named}, and is consistent, or not, only where every corpus is"
 
 
 def render_docs(run: Path, root: Path) -> list[Path]:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 
-from posleak.experiments.paper.plan import SHOWN
+from posleak.experiments.paper.plan import ROLE_NAMES, Plan
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
 from posleak.experiments.paper.verdict import Claim, Judgement
-from posleak.report.html import FigureBlock, Section, TableBlock, render_report
-from posleak.store import write_json
+from posleak.report.html import Section, TableBlock, render_report
+from posleak.store import RunFolder, write_json
 
 
 def evidence_table(judgement: Judgement) -> pd.DataFrame:
@@ -34,12 +35,18 @@ def evidence_table(judgement: Judgement) -> pd.DataFrame:
 def section(claim: Claim, provisional: str) -> Section:
     """A claim's section of report.html: what was measured, the criterion, the paper's effect, the verdict."""
     verdicts = "; ".join(f"sample {s}: {j.verdict}" for s, j in claim.samples.items())
+    corpora = claim.by_corpus()
+    rule = (
+        "consistent or not consistent only where both samples agree"
+        if len(corpora) == 1
+        else "per corpus: " + ", ".join(f"{c} {v}" for c, v in corpora.items()) + "; consistent or not consistent "
+        "only where every corpus is"
+    )
     return Section(
         f"{claim.claim}: {claim.statement}",
         f"**Measured.** {claim.method}\n\n**Criterion (declared before the data).** {claim.criterion}\n\n"
-        f"**Against the paper.** {claim.paper}\n\n**Verdict.** {verdicts}"
-        f" → **{claim.verdict}** (consistent or not consistent only where both samples agree).{provisional}",
-        figures=[FigureBlock(p) for p in claim.figures],
+        f"**Against the paper.** {claim.paper}\n\n**Verdict.** {verdicts} → **{claim.verdict}** ({rule}).{provisional}",
+        figures=claim.figures,
         tables=[
             *(TableBlock(f"Evidence, sample {s}", evidence_table(j), max_rows=None) for s, j in claim.samples.items()),
             *claim.tables,
@@ -48,44 +55,69 @@ def section(claim: Claim, provisional: str) -> Section:
     )
 
 
-def models_section(repro: Reproduction, runs: SampleRuns) -> Section:
-    """Which model played each role, at what size, with the weights' hash its baseline analysis recorded."""
-    models = runs.models()
+def models_section(plan: Plan, claims: Sequence[Claim]) -> Section:
+    """Which model played each role, at what size, with the weights' hash its baseline analysis recorded, and the
+    corpora the sequences came from."""
     table = pd.DataFrame(
         [
             {
                 "role": role,
                 "model": used["spec"],
-                "T": repro.plan.size(role)[0],
-                "N per sample": repro.plan.size(role)[1],
+                "T": plan.size(role)[0],
+                "N per sample": plan.size(role)[1],
                 "weights SHA-256": used["sha256"],
             }
-            for role, used in models.items()
+            for role, used in _models(claims).items()
         ]
     )
-    text = "The model of each role the claims read (`posleak paper --models`, `--plan`; docs/method.md §13)."
-    return Section("Models", text, tables=[TableBlock("Models by role", table, max_rows=None)])
+    corpora = pd.DataFrame(
+        [
+            {"corpus": name, "documents' SHA-256": used["sha256"], "origin": used["origin"]}
+            for name, used in _corpora(claims).items()
+        ]
+    )
+    text = (
+        "The model of each role the claims read (`posleak paper --models`, `--plan`), and the corpora their "
+        "sequences are drawn from (`--corpus`; docs/method.md §13)."
+    )
+    tables = [TableBlock("Models by role", table, max_rows=None), TableBlock("Corpora", corpora, max_rows=None)]
+    return Section("Models and corpora", text, tables=tables)
+
+
+def _models(claims: Sequence[Claim]) -> dict[str, dict[str, str]]:
+    """Per role that a claim reads, in the roles' order, its model's spec and weights' SHA-256."""
+    models = {role: used for claim in claims for role, used in claim.models.items()}
+    return {role: models[role] for role in ROLE_NAMES if role in models}
+
+
+def _corpora(claims: Sequence[Claim]) -> dict[str, dict[str, Any]]:
+    """Each corpus of the claims with its provenance (every claim reads the same corpora)."""
+    return claims[0].corpora if claims else {}
 
 
 def write_outputs(repro: Reproduction, claims: Sequence[Claim], runs: Mapping[str, SampleRuns]) -> None:
     """claims.json, then report.html and the manifest (every shared run folder, the plan, the verdicts)."""
-    out = repro.out
-    write_json(out.path / "claims.json", [c.to_json() for c in claims], default=float)  # a missing interval: null
     folders = {key: str(r.run.path) for sample in runs.values() for key, r in sample.named() if r.run}
+    write_top(repro.out, repro.plan, claims, {"runs": folders})
+
+
+def write_top(out: RunFolder, plan: Plan, claims: Sequence[Claim], where: Mapping[str, Any]) -> None:
+    """claims.json, then report.html and the manifest of `plan`'s `claims`, the manifest saying `where` their
+    runs are (a plain run: each shared run folder; several corpora: each corpus's folder)."""
+    write_json(out.path / "claims.json", [c.to_json() for c in claims], default=float)  # a missing interval: null
     manifest = {
         "status": "complete",
         "model": {"id": "paper reproduction"},
-        "plan": dataclasses.asdict(repro.plan),
-        "runs": folders,
-        "models": runs[SHOWN].models(),
+        "plan": dataclasses.asdict(plan),
+        **where,
+        "models": _models(claims),
+        "corpora": _corpora(claims),
         "verdicts": {c.claim: c.verdict for c in claims},
         "samples": {c.claim: {s: j.verdict for s, j in c.samples.items()} for c in claims},
     }
     provisional = (
-        f" The `{repro.plan.name}` plan uses small samples: its verdicts are provisional."
-        if repro.plan.provisional
-        else ""
+        f" The `{plan.name}` plan uses small samples: its verdicts are provisional." if plan.provisional else ""
     )
-    sections = [models_section(repro, runs[SHOWN]), *(section(c, provisional) for c in claims)]
-    render_report(out, f"posleak: reproduction of arXiv 2606.06160 ({repro.plan.name})", sections, manifest=manifest)
+    sections = [models_section(plan, claims), *(section(c, provisional) for c in claims)]
+    render_report(out, f"posleak: reproduction of arXiv 2606.06160 ({plan.name})", sections, manifest=manifest)
     out.write_manifest(manifest)

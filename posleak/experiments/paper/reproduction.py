@@ -39,10 +39,18 @@ class Reproduction:
     the loaded models cached between them."""
 
     def __init__(
-        self, out: Path, plan: Plan, progress: bool, backend: str = "local", address: str | None = None
+        self,
+        out: Path,
+        plan: Plan,
+        progress: bool,
+        backend: str = "local",
+        address: str | None = None,
+        lab: Path | None = None,
     ) -> None:
         self.out = RunFolder(out)
         self.plan = plan
+        # C4's lab trials: OUT/lab, or one folder shared by the corpora (they train on their own data, not on it)
+        self.lab = out / "lab" if lab is None else lab
         self.progress = progress
         self.backend = backend
         self.address = address
@@ -79,6 +87,7 @@ def analysis_config(plan: Plan, role: RoleName, **changes: Any) -> AnalyzeConfig
         num_seqs=num_seqs,
         batch_size=plan.batch_size,
         bootstrap=plan.bootstrap,
+        corpus=plan.corpus,
         cross_documents=plan.cross_documents,
         **plan.placement.to_dict(),
     )
@@ -165,6 +174,12 @@ class SampleRuns:
             role: {"spec": self.roles[role].model, "sha256": result.manifest["model"]["sha256"]}
             for role, result in self.by_role().items()
         }
+
+    def corpus(self) -> dict[str, Any]:
+        """The corpus the sequences came from as the standard baseline recorded it: its name, the SHA-256 of its
+        documents and, for a packaged corpus, its package, version and file SHA-256 (Corpus.origin)."""
+        data = self.standard.manifest["data"]
+        return {"name": data["source_name"], "sha256": data["source"], "origin": data["source_origin"]}
 
     def named(self) -> Iterator[tuple[str, AnalysisResult]]:
         """Every shared analysis of the sample with its manifest key: `all()`, then the nulls."""

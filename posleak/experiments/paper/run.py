@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -14,13 +15,15 @@ from posleak.experiments.paper.c4 import C4
 from posleak.experiments.paper.c5 import C5
 from posleak.experiments.paper.c6 import C6
 from posleak.experiments.paper.claim import ClaimModule
+from posleak.experiments.paper.corpora import corpus_folder, corpus_problems, side_by_side
 from posleak.experiments.paper.models import role_problems
 from posleak.experiments.paper.plan import QUICK, SAMPLES, SHOWN, Plan
-from posleak.experiments.paper.report import write_outputs
+from posleak.experiments.paper.report import write_outputs, write_top
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns, run_shared
 from posleak.experiments.paper.verdict import Claim
 from posleak.report.html import TableBlock
 from posleak.runner import backend_problems
+from posleak.store import RunFolder
 from posleak.validate import out_folder_problems
 
 CLAIMS: tuple[type[ClaimModule], ...] = (C1, C2, C3, C4, C5, C6)
@@ -39,10 +42,28 @@ def reproduce(
     each model's analyses together, so that it loads once), and the lab trials side by side, one process per core;
     "ray" runs each as a Ray task (posleak.experiments.batch), on a local cluster or the one at `address`, in
     waves: every analysis that needs nothing else, then C3's baselines on its selection sample and in the other BOS
-    setting, then C3's clock removals, patches and ablations (their heads come from the selection baselines)."""
+    setting, then C3's clock removals, patches and ablations (their heads come from the selection baselines).
+
+    On several corpora (`plan.corpora`), the whole reproduction runs on each, into OUT/corpora/NAME, and OUT's
+    claims.json and report.html hold every claim with the corpora side by side (posleak.experiments.paper.corpora)."""
     if problems := reproduction_problems(out, plan, backend):
         raise BadInput(problems)
-    repro = Reproduction(Path(out), plan, progress, backend, address)
+    out = Path(out)
+    if len(plan.corpora) == 1:
+        return _reproduce_on(Reproduction(out, plan, progress, backend, address))
+    # the whole reproduction on each corpus in its own folder, the lab line once; then the claims side by side
+    per_corpus = {}
+    for corpus in plan.corpora:
+        alone = dataclasses.replace(plan, corpora=(corpus,))
+        repro = Reproduction(corpus_folder(out, corpus), alone, progress, backend, address, lab=out / "lab")
+        per_corpus[corpus] = _reproduce_on(repro)
+    claims = side_by_side(per_corpus)
+    write_top(RunFolder(out), plan, claims, {"corpus_folders": {c: str(corpus_folder(out, c)) for c in plan.corpora}})
+    return claims
+
+
+def _reproduce_on(repro: Reproduction) -> list[Claim]:
+    """The reproduction on the plan's one corpus, into its folder: the claims judged, their outputs written."""
     runs = run_shared(repro)
     modules = [claim(repro) for claim in CLAIMS]
     for module in modules:
@@ -54,9 +75,10 @@ def reproduce(
 
 def reproduction_problems(out: Path | str, plan: Plan, backend: str = "local") -> list[str]:
     """Every problem that stops `reproduce`, found before any work: the output folder, the placement, the
-    backend, and the models in their roles (from their configs and tokenizers, posleak.experiments.paper.models)."""
+    backend, the corpora (posleak.experiments.paper.corpora) and the models in their roles (from their configs and
+    tokenizers, posleak.experiments.paper.models)."""
     problems = out_folder_problems(out) + plan.placement.problems() + backend_problems(backend)
-    return problems + role_problems(plan)
+    return problems + corpus_problems(plan) + role_problems(plan)
 
 
 def judged(repro: Reproduction, modules: Sequence[ClaimModule], runs: Mapping[str, SampleRuns]) -> list[Claim]:
@@ -80,8 +102,10 @@ def judged(repro: Reproduction, modules: Sequence[ClaimModule], runs: Mapping[st
                 if module.name in set(behaviour["claim"]):
                     shown[module.name].append(behaviour_block(behaviour, module.name, sample))
     models = runs[SHOWN].models()
+    corpus = {repro.plan.corpus: {**runs[SHOWN].corpus(), "samples": list(SAMPLES)}}
     for module, claim in zip(modules, claims, strict=True):
         claim.models = {role: models[role] for role in module.roles}
+        claim.corpora = dict(corpus)
         claim.tables = shown[module.name]
         claim.paper = module.against_paper(claim.samples[SHOWN], runs[SHOWN])
         claim.figures = module.figures(runs[SHOWN])

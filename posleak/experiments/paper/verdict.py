@@ -15,7 +15,8 @@ Holm does not reach reads unclear. Support needs every deciding row (an intersec
 
 `posleak paper` judges every claim on two disjoint samples of sequences (A and B) and calls a claim
 consistent, or not consistent, only where both samples agree (`replicated`); a disagreement is inconclusive
-(docs/method.md §13).
+(docs/method.md §13). On several corpora (the full plan's two) the same rule joins the corpora's verdicts
+(`across_corpora`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 import pandas as pd
 
 from posleak.experiments.evidence import ALPHA, Direction, Estimate, Says
-from posleak.report.html import TableBlock, Verdict
+from posleak.report.html import FigureBlock, TableBlock, Verdict
 
 # `p`: the row's p-value of a contradiction (Estimate.p_short), which orders Holm's rule
 EVIDENCE_COLUMNS = ("evidence", "value", "lo", "hi", "threshold", "unit", "says", "deciding", "p")
@@ -81,12 +82,20 @@ class Claim:
     paper: str = ""  # one sentence: the measured effect against the paper's
     numbers: dict[str, Any] = field(default_factory=dict)
     models: dict[str, dict[str, str]] = field(default_factory=dict)  # per role it reads: spec and weights' SHA-256
-    figures: list[Path] = field(default_factory=list)
+    # per corpus: its provenance (SampleRuns.corpus) and `samples`, the names of its samples; none in older files
+    corpora: dict[str, dict[str, Any]] = field(default_factory=dict)
+    figures: list[Path | FigureBlock] = field(default_factory=list)  # FigureBlock: with a caption (its corpus)
     tables: list[TableBlock] = field(default_factory=list)
 
     @property
     def verdict(self) -> Verdict:
-        return replicated([judgement.verdict for judgement in self.samples.values()])
+        return across_corpora(list(self.by_corpus().values()))
+
+    def by_corpus(self) -> dict[str, Verdict]:
+        """The verdict on each corpus, from its samples (`replicated`); a claim that names no corpus (an older
+        claims.json) has one, named "", from all its samples."""
+        groups = {name: corpus["samples"] for name, corpus in self.corpora.items()} or {"": list(self.samples)}
+        return {name: replicated([self.samples[s].verdict for s in samples]) for name, samples in groups.items()}
 
     def deciding(self, limit: int = 2) -> list[str]:
         """The names of the rows that decided the verdict, at most `limit`: each sample's `decided_by`, in turn."""
@@ -107,6 +116,7 @@ class Claim:
             },
             "numbers": self.numbers,
             "models": self.models,
+            "corpora": self.corpora,
         }
 
 
@@ -132,6 +142,15 @@ def quoted(e: Mapping[str, Any]) -> str:
 def replicated(verdicts: Sequence[Verdict]) -> Verdict:
     """A verdict that every sample gives; where samples disagree, inconclusive."""
     return verdicts[0] if len(set(verdicts)) == 1 else "inconclusive"
+
+
+def across_corpora(verdicts: Sequence[Verdict]) -> Verdict:
+    """A claim's verdict from its verdict on each corpus (docs/method.md §13): consistent only where it is
+    consistent on every corpus, not consistent only where it is not consistent on every corpus, inconclusive
+    otherwise: the rule of the samples (`replicated`), applied to the corpora. Why: a claim about decoder-only
+    transformers holds, or fails, only where it does so whatever the text; a corpus that disagrees says that the
+    effect depends on the text, which the claim does not say."""
+    return replicated(verdicts)
 
 
 def row(
