@@ -1128,6 +1128,8 @@ def test_render_docs_writes_the_pages_of_a_run_and_refuses_bad_input(tmp_path: P
     (run / "figures").mkdir(parents=True)
     (run / "claims.json").write_bytes((ROOT / render.RESULTS / "claims.json").read_bytes())
     (run / "figures" / "c1_resid_all.png").write_bytes(b"png")
+    (run / "corpora" / "bible-web" / "figures").mkdir(parents=True)  # a run of several corpora: one folder each
+    (run / "corpora" / "bible-web" / "figures" / "c1_mask_all.png").write_bytes(b"png2")
     root = tmp_path / "checkout"
     root.mkdir()
     monkeypatch.chdir(root)
@@ -1142,7 +1144,10 @@ def test_render_docs_writes_the_pages_of_a_run_and_refuses_bad_input(tmp_path: P
     text = (root / "README.md").read_text()
     assert text.startswith("intro\n") and text.endswith(f"{render.END}\nafter\n") and "stale" not in text
     assert (root / render.RESULTS / "figures" / "c1_resid_all.png").read_bytes() == b"png"
-    assert "![c1_resid_all](results/figures/c1_resid_all.png)" in (root / "docs" / "results.md").read_text()
+    assert (root / render.RESULTS / "figures" / "bible-web" / "c1_mask_all.png").read_bytes() == b"png2"
+    page = (root / "docs" / "results.md").read_text()
+    assert "![c1_resid_all](results/figures/c1_resid_all.png)" in page
+    assert "![c1_mask_all](results/figures/bible-web/c1_mask_all.png)" in page
 
 
 def _judged_on(corpus: str, verdict: str) -> Claim:

@@ -17,6 +17,7 @@ import pandas as pd
 
 from posleak.errors import BadInput
 from posleak.experiments.paper.claim import ClaimModule
+from posleak.experiments.paper.corpora import CORPORA
 from posleak.experiments.paper.run import CLAIMS
 from posleak.experiments.paper.verdict import SAYS, Claim, Judgement, quoted
 from posleak.store import atomic_write
@@ -147,13 +148,23 @@ def render_docs(run: Path, root: Path) -> list[Path]:
     (results / "figures").mkdir(parents=True, exist_ok=True)
     if (run / "claims.json").resolve() != (results / "claims.json").resolve():
         shutil.copyfile(run / "claims.json", results / "claims.json")
-        for figure in sorted((run / "figures").glob("*.png")):
-            shutil.copyfile(figure, results / "figures" / figure.name)
+        for figure, target in run_figures(run):
+            (results / "figures" / target).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(figure, results / "figures" / target)
     source = RESULTS / "claims.json"
     claims = read_claims(root / source)
-    figures = sorted(p.relative_to(root) for p in (results / "figures").glob("*.png"))
+    figures = sorted(p.relative_to(root) for p in (results / "figures").rglob("*.png"))
     _write_text(root / "docs" / "results.md", results_page(claims, source, figures))
     end = text.index(END, start)
     table = f"{BEGIN.format(source=source)}\n{verdict_table(claims)}\n"
     _write_text(readme, text[:start] + table + text[end:])
     return [readme, root / "docs" / "results.md", results / "claims.json"]
+
+
+def run_figures(run: Path) -> list[tuple[Path, Path]]:
+    """Each figure of a reproduction with where it goes under docs/results/figures: a run of one corpus has them in
+    OUT/figures (kept by name); a run of several in OUT/corpora/NAME/figures (kept under NAME/)."""
+    found = [(figure, Path(figure.name)) for figure in sorted((run / "figures").glob("*.png"))]
+    for folder in sorted((run / CORPORA).glob("*/figures")):
+        found += [(figure, Path(folder.parent.name, figure.name)) for figure in sorted(folder.glob("*.png"))]
+    return found
