@@ -27,7 +27,7 @@ from posleak.cli.summary import claim_lines
 from posleak.data.batches import TokenBatch
 from posleak.data.recipe import Recipe
 from posleak.experiments.batch import part_of
-from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, percent_change
+from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, percent_change, seed_mean
 from posleak.experiments.paper import FULL, QUICK, paper_plan, render
 from posleak.experiments.paper.c1 import claim_c1
 from posleak.experiments.paper.c2 import claim_c2
@@ -341,6 +341,25 @@ def test_estimates_against_numpy() -> None:
     difference = slope.minus(depth_slope(new, "resid_all"))
     other = np.array([np.polyfit(depth, sample, 1)[0] for sample in new_boot["resid_all"]])
     assert difference.interval == pytest.approx(_interval(slopes - other))
+
+
+def test_a_seed_mean_s_interval_holds_the_spread_between_seeds() -> None:
+    """C4's lab line: five seeds whose own resamples do not vary (each seed exactly at its value) still get an
+    interval, as wide as the bootstrap of a mean of five says (the resamples' variance is the values' population
+    variance over 5, within 5% at 20,000 resamples); seeds that agree get their common interval; two variants on
+    the same seeds stay paired (the difference of their seed means is the seed mean of their differences)."""
+    values = np.array([0.10, 0.30, 0.20, 0.55, 0.05])
+    constant = [Estimate(float(v), torch.full((20_000,), float(v), dtype=torch.float64)) for v in values]
+    spread = seed_mean(constant)
+    assert spread.value == pytest.approx(values.mean())
+    assert float(spread.samples.var()) == pytest.approx(values.var() / len(values), rel=0.05)
+    assert spread.interval[0] < values.mean() - 0.05 and spread.interval[1] > values.mean() + 0.05
+    one = Estimate(0.2, torch.linspace(0.1, 0.3, 200, dtype=torch.float64))
+    torch.testing.assert_close(seed_mean([one] * 5).samples, one.samples)
+    others = [Estimate(float(v) / 2, torch.full((20_000,), float(v) / 2, dtype=torch.float64)) for v in values]
+    paired = spread.minus(seed_mean(others))
+    differences = [Estimate(a.value - b.value, a.samples - b.samples) for a, b in zip(constant, others, strict=True)]
+    torch.testing.assert_close(paired.samples, seed_mean(differences).samples)
 
 
 def _estimate(centre: float, half_width: float) -> Estimate:

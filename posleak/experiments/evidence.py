@@ -86,10 +86,16 @@ def _pair(a: Estimate, b: Estimate) -> tuple[torch.Tensor, torch.Tensor]:
     return a.samples, b.samples
 
 
-def mean_of(estimates: Sequence[Estimate]) -> Estimate:
-    """The average of independent estimates (seeds of a lab model): resample k is the mean of their k-th."""
-    samples = torch.stack([e.samples for e in estimates])
-    return Estimate(sum(e.value for e in estimates) / len(estimates), samples.mean(0))
+def seed_mean(estimates: Sequence[Estimate], seed: int = 0) -> Estimate:
+    """The mean over seeds (lab models trained alike but for their seed) with an interval over seeds: resample k
+    draws len(estimates) seeds with replacement and averages their k-th resamples, so the interval holds both the
+    spread between seeds and each seed's own. The draw depends only on (seeds, resamples, `seed`): estimates of two
+    variants trained on the same seeds draw the same seeds and stay paired."""
+    samples = torch.stack([e.samples for e in estimates])  # (S, R)
+    count, resamples = samples.shape
+    generator = torch.Generator().manual_seed(seed)
+    drawn = torch.randint(count, (count, resamples), generator=generator).to(samples.device)
+    return Estimate(sum(e.value for e in estimates) / count, samples.gather(0, drawn).mean(0))
 
 
 def sequence_mean(values: torch.Tensor, resamples: int, seed: int) -> Estimate:

@@ -131,7 +131,7 @@ QUICK = Plan(
     bootstrap=200,
     lab_steps=300,
     lab_seq_len=64,
-    lab_seeds=(0, 1),
+    lab_seeds=(0, 1, 2, 3, 4),  # C4's lab line: intervals over seeds want several
     lab_analyze_seqs=16,
     provisional=True,
 )
@@ -149,7 +149,7 @@ FULL = Plan(
     bootstrap=500,
     lab_steps=600,
     lab_seq_len=128,
-    lab_seeds=(0, 1, 2),
+    lab_seeds=(0, 1, 2, 3, 4),
     lab_analyze_seqs=32,
     corpora=(DEFAULT_CORPUS, bible.NAME),  # every claim on both corpora, side by side (method §13)
 )
