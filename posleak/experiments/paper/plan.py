@@ -70,7 +70,7 @@ def role_for(role: RoleName, model: str) -> Role:
 @dataclass(frozen=True)
 class Plan:
     """Sizes of one reproduction, per sample (two disjoint samples), the model of each role (`roles`, with
-    per-role T and N in `sizes` where a plan file gives them) and the corpora; `--quick` took 16.5 minutes on a
+    per-role T and N in `sizes` where a plan file gives them) and the corpora; `--quick` took 18.6 minutes on a
     2-core Intel Xeon (docs/performance.md)."""
 
     name: str
