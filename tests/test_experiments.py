@@ -250,7 +250,7 @@ def test_every_run_folder_is_complete(paper: Path) -> None:
         # the tables the claims read, and no per-run report: the reproduction draws its own
         assert (folder / "per_layer.parquet").is_file() and not (folder / "report.html").exists(), folder
     trials = sorted((paper / "lab" / "trials").iterdir())
-    assert len(trials) == 3 * 2 and all((trial / "complete.json").is_file() for trial in trials)
+    assert len(trials) == 3 * len(QUICK.lab_seeds) and all((trial / "complete.json").is_file() for trial in trials)
 
 
 @pytest.mark.slow
@@ -864,7 +864,8 @@ def test_the_lab_line_of_c4_trains_one_decoder_three_ways_at_tiny_size(tmp_path:
     """C4's controlled line at tiny size: the 8-layer lab decoder trained with full causal RoPE, a sliding window of
     T/4 and an NTK-scaled base, 2 seeds each, every model analysed; the slopes the criterion judges equal numpy's
     least squares on each run's own per-layer table; the criterion runs on them."""
-    plan = replace(QUICK, lab_steps=8, lab_seq_len=16, lab_analyze_seqs=4, bootstrap=20, ntk_factors=(16.0,))
+    tiny = dict(lab_steps=8, lab_seq_len=16, lab_analyze_seqs=4, bootstrap=20, ntk_factors=(16.0,), lab_seeds=(0, 1))
+    plan = replace(QUICK, **tiny)
     lab = lab_runs(Reproduction(tmp_path / "paper", plan, progress=False))
     assert {variant: len(runs) for variant, runs in lab.runs.items()} == {"rope": 2, "window": 2, "ntk": 2}
     for variant, runs in lab.runs.items():
