@@ -30,6 +30,11 @@ class QueryStatsResult:
     def sink_heads(self) -> torch.Tensor:
         return self.sink_score > SINK_THRESHOLD
 
+    def sink_heads_by_layer(self) -> dict[int, tuple[int, ...]]:
+        """The sink heads as an intervention's head list takes them: per layer, the heads with α_0 > ε."""
+        heads = self.sink_heads
+        return {layer: tuple(heads[layer].nonzero().flatten().tolist()) for layer in range(heads.shape[0])}
+
     @property
     def sink_rate(self) -> torch.Tensor:
         """Share of sink heads per layer, shape (L,)."""

@@ -383,8 +383,7 @@ def _check_finite(states: torch.Tensor, model_id: str) -> None:
 
 def sink_heads_of(model: PreTrainedModel, batch: TokenBatch, batch_size: int) -> dict[int, tuple[int, ...]]:
     """Heads with α_0 > ε on these sequences without any intervention (for a head list `auto`)."""
-    heads = attention_stats(model, batch, batch_size).sink_heads
-    return {layer: tuple(heads[layer].nonzero().flatten().tolist()) for layer in range(heads.shape[0])}
+    return attention_stats(model, batch, batch_size).sink_heads_by_layer()
 
 
 def attention_stats(

@@ -127,8 +127,7 @@ def probe_identity(
     `--remove-sink-reads auto` rule, the last layer included: the probe reads its output)."""
     stats = QueryStats(entropy=False)
     states = variant_states(model, ids, candidates, PROBE_POSITIONS, batch_size, accumulators=[stats])
-    found = stats.result().sink_heads
-    sinks = {layer: tuple(found[layer].nonzero().flatten().tolist()) for layer in range(found.shape[0])}
+    sinks = stats.result().sink_heads_by_layer()
     accuracy = 100 * identity_accuracy(states)
     removed = None
     if any(sinks.values()):
