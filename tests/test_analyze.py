@@ -79,7 +79,12 @@ def test_run_folder_has_every_table_figure_and_report(tmp_path: Path) -> None:
         "sink_score",
         *(f"{kind}_{name}" for kind in ("mask", "mask_count", "resid") for name in ("early", "all", "beyond")),
         *(f"{kind}_{name}_raw" for kind in ("mask", "resid") for name in ("early", "all", "beyond")),
-        *(f"shift_{kind}_{name}{raw}" for kind in ("kl", "tv") for name in ("early", "all", "beyond") for raw in ("", "_raw")),  # noqa: E501
+        *(
+            f"shift_{kind}_{name}{raw}"
+            for kind in ("kl", "tv")
+            for name in ("early", "all", "beyond")
+            for raw in ("", "_raw")
+        ),
         "dr2_logit",
         "dr2_logattn",
     }

@@ -50,6 +50,7 @@ def test_corpus_is_66_books_of_clean_prose(web: Corpus) -> None:
     assert 700_000 <= sum(len(doc.split()) for doc in web.documents) <= 800_000
     titles = [doc.split("\n", 1)[0] for doc in web.documents]
     assert titles[:2] == ["Genesis", "Exodus"] and titles[-1] == "Revelation"
+    assert list(web.titles) == titles  # each book titled by its name
     assert web.documents[0].startswith("Genesis\n\nIn the beginning God created the heavens and the earth.")
     assert web.documents[18].startswith("Psalms\n\nBOOK I\nPsalm 1\nBlessed is the man")
     text = "".join(web.documents)

@@ -26,11 +26,13 @@ from posleak.data.batches import (
     iter_batches,
     load_token_file,
     make_sequences,
+    part_documents,
     pos0_token,
 )
 from posleak.data.bos import tokenizer_prepends_bos
 from posleak.data.corpus import MIN_DOCSTRING_CHARS, Corpus, fingerprint_documents, load_corpus, make_corpus
 from posleak.data.nulls import make_null
+from posleak.data.recipe import Recipe
 from posleak.errors import PosleakError
 
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
@@ -97,6 +99,8 @@ def test_stdlib_corpus_is_long_prose_and_deterministic(stdlib: Corpus) -> None:
     assert min(len(doc) for doc in stdlib) >= 400
     assert stdlib.num_chars > 300_000
     assert len(set(stdlib.documents)) == len(stdlib)
+    # each document titled by its module, in sorted order of the module names
+    assert "json" in stdlib.titles and list(stdlib.titles) == sorted(stdlib.titles)
     assert stdlib.fingerprint == fingerprint_documents(stdlib.documents)
     assert load_corpus() is stdlib  # built once per process
     # A fresh interpreter, which has imported none of what pytest and transformers bring, agrees.
@@ -148,6 +152,7 @@ def test_file_folder_and_jsonl_specs(tmp_path: Path) -> None:
     (tmp_path / "docs" / "blank.txt").write_text("  \n", encoding="utf-8")
     folder = load_corpus(str(tmp_path / "docs"))
     assert folder.documents == ("first", "second", "third")
+    assert folder.titles == ("a.md", "b.txt", "sub/c.txt")  # each document titled by its path in the folder
 
     single = load_corpus(str(tmp_path / "docs" / "b.txt"))
     assert single.documents == ("second",)
@@ -157,6 +162,7 @@ def test_file_folder_and_jsonl_specs(tmp_path: Path) -> None:
     jsonl = tmp_path / "d.jsonl"
     jsonl.write_text("\n".join(json.dumps(r) for r in records) + "\n\n", encoding="utf-8")
     assert load_corpus(str(jsonl)).documents == ("alpha", "beta")
+    assert load_corpus(str(jsonl)).titles == ("line 1", "line 2")
     by_field = load_corpus(f"{jsonl}:body")
     assert by_field.documents == ("one", "two")
     assert by_field.fingerprint != load_corpus(str(jsonl)).fingerprint
@@ -264,6 +270,39 @@ def test_rows_are_whole_windows_of_one_document(
     assert None not in origins, "a row is not a whole, aligned window of one document"
     assert len(set(origins)) == len(origins), "a window was used twice"
     assert batch.source == small.fingerprint and batch.source_name == "small"
+    assert batch.documents == tuple(small.titles[doc] for doc, _ in origins)  # type: ignore[misc]
+    assert batch.provenance()["documents"] == list(batch.documents)
+
+
+def test_parts_share_no_document(small: Corpus, tokenizers: dict[str, PreTrainedTokenizerFast]) -> None:
+    """The documents dealt into three parts: each document in exactly one, the parts' sizes within one of each
+    other, the deal drawn by the seed; every row of a part's sequences a whole window of one of its documents."""
+    tokenizer, length = tokenizers["silent"], 32
+    parts = [part_documents(small, (index, 3), seed=5) for index in range(3)]
+    assert sorted(k for part in parts for k in part) == list(range(len(small)))
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    assert part_documents(small, (0, 3), seed=6) != parts[0]
+    assert part_documents(small, None, seed=5) == list(range(len(small)))
+    streams = _streams(small, tokenizer)
+    for index, part in enumerate(parts):
+        batch = make_sequences(small, tokenizer, seq_len=length, num_seqs=12, bos="off", seed=5, part=(index, 3))
+        windows = {
+            tuple(streams[doc][start : start + length]): small.titles[doc]
+            for doc in part
+            for start in range(0, len(streams[doc]) - length + 1, length)
+        }
+        assert batch.documents == tuple(windows[tuple(row.tolist())] for row in batch.ids)
+    with pytest.raises(PosleakError, match="too few to deal into 50 parts"):
+        make_sequences(small, tokenizer, seq_len=length, num_seqs=2, bos="off", part=(0, 50))
+    with pytest.raises(PosleakError, match="part 2 of 3 of corpus 'small' holds only"):
+        make_sequences(small, tokenizer, seq_len=length, num_seqs=10**5, bos="off", part=(1, 3))
+
+
+def test_recipe_part_problems() -> None:
+    problems = Recipe(part=(3, 3)).problems()
+    assert problems == ["part (3, 3) is not one of 3 parts; give (index, count) with 0 ≤ index < count"]
+    assert "token file is taken verbatim" in Recipe(part=(0, 3), tokens="ids.npy").problems()[0]
+    assert "part" not in Recipe().identity() and Recipe(part=(1, 3)).identity()["part"] == (1, 3)
 
 
 def test_cross_documents_joins_with_eos(tokenizers: dict[str, PreTrainedTokenizerFast]) -> None:

@@ -25,8 +25,8 @@ from transformers import PreTrainedModel
 
 from posleak.cli.summary import claim_lines
 from posleak.data.batches import TokenBatch
+from posleak.data.corpus import load_corpus
 from posleak.data.recipe import Recipe
-from posleak.experiments.batch import part_of
 from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, percent_change, seed_mean
 from posleak.experiments.paper import FULL, QUICK, paper_plan, render
 from posleak.experiments.paper.c1 import claim_c1
@@ -39,7 +39,7 @@ from posleak.experiments.paper.c3_units import (
     sink_heads,
     unit_rows,
 )
-from posleak.experiments.paper.c4 import LabRuns, claim_c4, lab_runs
+from posleak.experiments.paper.c4 import LabRuns, WindowComparison, claim_c4, lab_runs
 from posleak.experiments.paper.c5 import claim_c5
 from posleak.experiments.paper.c6 import (
     C6,
@@ -54,7 +54,7 @@ from posleak.experiments.paper.c6 import (
 from posleak.experiments.paper.corpora import corpus_problems, side_by_side
 from posleak.experiments.paper.plan import ROLES
 from posleak.experiments.paper.report import write_top
-from posleak.experiments.paper.reproduction import PARTS, SELECTION, Reproduction, analysis_config, shared_analyses
+from posleak.experiments.paper.reproduction import SELECTION, Reproduction, analysis_config, shared_analyses
 from posleak.experiments.paper.verdict import Claim, across_corpora, fact, judge, replicated, row
 from posleak.intervene import Interventions
 from posleak.models.load import LoadedModel
@@ -241,8 +241,9 @@ def test_every_run_folder_is_complete(paper: Path) -> None:
     # per sample: smollm2, 2 NTK factors, qwen, gemma, Gemma with BOS and 3 replacements (9); the shuffle and shift
     # nulls of smollm2, qwen and gemma (6); C3: each model in its own BOS setting, 8 runs (clock removal and K/V patch
     # of the sinks and of 1 control each, value zeroed and mean, 1 control, h_0 patched); --quick leaves out the other
-    # BOS setting. Once: C3's baseline of each model on the selection sample (3).
-    assert QUICK.control_draws == 1 and len(folders) == 2 * (9 + 6 + 3 * 8) + 3
+    # BOS setting. C4: the standard model at the sliding role's T, measured beyond the sliding window (1). Once: C3's
+    # baseline of each model on the selection sample (3).
+    assert QUICK.control_draws == 1 and len(folders) == 2 * (9 + 6 + 3 * 8 + 1) + 3
     assert len([folder for folder in folders if folder.name.endswith("-selection")]) == 3
     assert set(manifest["runs"].values()) <= {str(folder) for folder in folders}
     for folder in folders:
@@ -251,6 +252,27 @@ def test_every_run_folder_is_complete(paper: Path) -> None:
         assert (folder / "per_layer.parquet").is_file() and not (folder / "report.html").exists(), folder
     trials = sorted((paper / "lab" / "trials").iterdir())
     assert len(trials) == 3 * len(QUICK.lab_seeds) and all((trial / "complete.json").is_file() for trial in trials)
+
+
+def test_samples_share_no_document_and_claims_json_names_them(paper: Path) -> None:
+    """claims.json names, per sample (A, B and C3's selection sample), the documents its windows are cut from: the
+    three share none and together are the corpus. Every run folder's rows (the documents its manifest names for
+    them; tests/test_data.py checks those against the tokens) are windows of its own sample's documents, and its
+    bootstrap resampled documents wherever its rows come from two or more."""
+    claims = json.loads((paper / "claims.json").read_text())
+    corpus = claims[0]["corpora"]["stdlib"]
+    named = {sample: set(titles) for sample, titles in corpus["documents"].items()}
+    assert list(named) == ["A", "B", SELECTION] and all(c["corpora"] == claims[0]["corpora"] for c in claims)
+    assert sum(map(len, named.values())) == len(set.union(*named.values())) == len(load_corpus("stdlib"))
+    for folder in (paper / "runs").iterdir():
+        manifest = json.loads((folder / "manifest.json").read_text())
+        sample = folder.name.rsplit("-", 1)[1]
+        rows = manifest["data"]["documents"]
+        assert len(rows) == manifest["data"]["num_seqs"] and set(rows) <= named[sample], folder.name
+        bootstrap = manifest["measurement"]["bootstrap"]
+        by_document = len(set(rows)) > 1
+        assert bootstrap["unit"] == ("document" if by_document else "sequence"), folder.name
+        assert bootstrap["units"] == (len(set(rows)) if by_document else len(rows)), folder.name
 
 
 @pytest.mark.slow
@@ -696,12 +718,23 @@ def test_heads_by_layer_reads_as_wrapping_per_layer_lists() -> None:
     assert heads_by_layer(heads.iloc[:0]) == "-"
 
 
-def _lab(slopes: dict[str, list[float]], level: dict[str, float] | None = None) -> LabRuns:
-    """Lab runs with the given resid_all slopes (per unit depth, one per seed) over 8 layers from 0.5."""
+def _lab(
+    slopes: dict[str, list[float]], level: dict[str, float] | None = None, beyond: dict[str, list[float]] | None = None
+) -> LabRuns:
+    """Lab runs with the given slopes (per unit depth, one per seed) over 8 layers from 0.5: of resid_all, and of
+    resid_beyond the same unless `beyond` gives its own."""
     depth = np.linspace(0, 1, 8)
+
+    def line(variant: str, slope: float) -> list[float]:
+        return list((level or {}).get(variant, 0.5) + slope * depth)
+
     runs = {
         variant: [
-            _run({"resid_all": list((level or {}).get(variant, 0.5) + slope * depth)}, 0.01, seed=10 * k + i)[0]
+            _run(
+                {"resid_all": line(variant, slope), "resid_beyond": line(variant, (beyond or slopes)[variant][i])},
+                0.01,
+                seed=10 * k + i,
+            )[0]
             for i, slope in enumerate(seeds)
         ]
         for k, (variant, seeds) in enumerate(slopes.items())
@@ -712,28 +745,41 @@ def _lab(slopes: dict[str, list[float]], level: dict[str, float] | None = None) 
 ORDERED = _lab({"rope": [0.2, 0.25], "window": [0.6, 0.5], "ntk": [0.0, -0.05]}, {"ntk": 0.4})
 SEEDS_CROSS = _lab({"rope": [0.2, 0.45], "window": [0.6, 0.4], "ntk": [0.0, -0.05]}, {"ntk": 0.4})
 REVERSED = _lab({"rope": [0.2, 0.25], "window": [-0.3, -0.2], "ntk": [0.0, -0.05]}, {"ntk": 0.4})
-SLOPES = {"sliding": _estimate(0.3, 0.05), "standard": _estimate(0.1, 0.05), "ntk": _estimate(-0.1, 0.05)}
+# over all queries the lab's window model is steeper, past its window it is flatter: the window line reads there
+FLAT_PAST_WINDOW = _lab(
+    {"rope": [0.2, 0.25], "window": [0.6, 0.5], "ntk": [0.0, -0.05]},
+    {"ntk": 0.4},
+    beyond={"rope": [0.2, 0.25], "window": [-0.3, -0.2], "ntk": [0.0, -0.05]},
+)
+SLOPES = {"standard": _estimate(0.1, 0.05), "ntk": _estimate(-0.1, 0.05)}
+WINDOW = WindowComparison(_estimate(0.3, 0.05), _estimate(0.1, 0.05), seq_len=640, window=512)
 
 
 @pytest.mark.parametrize(
-    ("ntk", "slopes", "lab", "window", "verdict"),
+    ("ntk", "window", "lab", "lab_window", "verdict"),
     [
-        (_estimate(-8.0, 1.0), SLOPES, ORDERED, 0.55, "consistent"),
-        (_estimate(-8.0, 1.0), SLOPES, REVERSED, -0.25, "not consistent"),  # the lab's window model flattens
-        (_estimate(3.0, 1.0), SLOPES, ORDERED, 0.55, "not consistent"),  # NTK raises it
-        (_estimate(-8.0, 1.0), {**SLOPES, "sliding": _estimate(0.1, 0.1)}, ORDERED, 0.55, "inconclusive"),
-        (_estimate(-8.0, 1.0), SLOPES, SEEDS_CROSS, 0.5, "inconclusive"),  # seed means ordered, single seeds not
+        (_estimate(-8.0, 1.0), WINDOW, ORDERED, 0.55, "consistent"),
+        (_estimate(-8.0, 1.0), WINDOW, REVERSED, -0.25, "not consistent"),  # the lab's window model flattens
+        (_estimate(-8.0, 1.0), WINDOW, FLAT_PAST_WINDOW, 0.55, "not consistent"),  # ... past its window
+        (_estimate(3.0, 1.0), WINDOW, ORDERED, 0.55, "not consistent"),  # NTK raises it
+        (_estimate(-8.0, 1.0), replace(WINDOW, sliding=_estimate(0.1, 0.1)), ORDERED, 0.55, "inconclusive"),
+        (_estimate(-8.0, 1.0), replace(WINDOW, sliding=_estimate(-0.2, 0.05)), ORDERED, 0.55, "not consistent"),
+        (_estimate(-8.0, 1.0), None, ORDERED, 0.55, "inconclusive"),  # no queries past the window: untestable
+        (_estimate(-8.0, 1.0), WINDOW, SEEDS_CROSS, 0.5, "inconclusive"),  # seed means ordered, single seeds not
     ],
 )
 def test_claim_c4_verdicts(
-    ntk: Estimate, slopes: dict[str, Estimate], lab: LabRuns, window: float, verdict: str
+    ntk: Estimate, window: WindowComparison | None, lab: LabRuns, lab_window: float, verdict: str
 ) -> None:
-    """Four lines (NTK at inference, pretrained slopes, lab slopes with every seed pair ordered, the lab's NTK base
-    level); consistent only when all support, not consistent when one contradicts."""
-    judgement = claim_c4(ntk, slopes, lab)
+    """Four lines (NTK at inference, pretrained slopes with the window compared past the window at equal T, lab
+    slopes with every seed pair ordered, the lab's NTK base level); consistent only when all support, not
+    consistent when one contradicts."""
+    judgement = claim_c4(ntk, SLOPES, window, lab)
     assert judgement.verdict == verdict
     rows = judgement.evidence.set_index("evidence")
-    assert rows.loc["lab slope: window (seed mean)", "value"] == pytest.approx(window)
+    assert rows.loc["lab slope: window (seed mean)", "value"] == pytest.approx(lab_window)
+    if window is not None:
+        assert "(2) slope beyond the window (i ≥ 512, T = 640): sliding − standard" in rows.index
 
 
 @pytest.mark.parametrize(
@@ -868,11 +914,11 @@ def test_the_lab_line_of_c4_trains_one_decoder_three_ways_at_tiny_size(tmp_path:
     plan = replace(QUICK, **tiny)
     lab = lab_runs(Reproduction(tmp_path / "paper", plan, progress=False))
     assert {variant: len(runs) for variant, runs in lab.runs.items()} == {"rope": 2, "window": 2, "ntk": 2}
-    for variant, runs in lab.runs.items():
+    for runs in lab.runs.values():
         for run in runs:
             per_layer = run.per_layer.sort_values("layer")
             assert len(per_layer) == 8
-            assert run.manifest["measurement"]["beyond"] == (4 if variant == "window" else None)
+            assert run.manifest["measurement"]["beyond"] == 4  # every variant measured past the window's 4
             expected = np.polyfit(np.linspace(0, 1, 8), per_layer["resid_all"], 1)[0]
             assert depth_slope(run, "resid_all").value == pytest.approx(expected)
     models = (tmp_path / "paper" / "lab" / "models").glob("*/config.json")
@@ -881,9 +927,9 @@ def test_the_lab_line_of_c4_trains_one_decoder_three_ways_at_tiny_size(tmp_path:
         (c["num_hidden_layers"], c["rope_scale_kind"], c["rope_factor"], c["sliding_window"] or 0) for c in configs
     )
     assert built == [(8, "none", 1.0, 0)] * 2 + [(8, "none", 1.0, 4)] * 2 + [(8, "ntk", 16.0, 0)] * 2
-    judgement = claim_c4(_estimate(-8.0, 1.0), SLOPES, lab)
+    judgement = claim_c4(_estimate(-8.0, 1.0), SLOPES, WINDOW, lab)
     assert judgement.verdict in VERDICTS
-    assert {"(3) lab slope: window − rope", "(4) lab: NTK base against standard, resid_all"} <= set(
+    assert {"(3) lab slope beyond the window: window − rope", "(4) lab: NTK base against standard, resid_all"} <= set(
         judgement.evidence["evidence"]
     )
 
@@ -972,25 +1018,6 @@ def test_layer_matched_controls() -> None:
     assert _pairs(layer_matched_controls(few, sink_heads(few), 0)) == [(0, 3), (1, 3)]
 
 
-def test_samples_are_disjoint_parts_of_one_draw() -> None:
-    """`part_of`: count parts of count·n rows, each n rows, together the batch, no row in two. The samples of
-    `posleak paper`: A and B halve 2N, C3's selection sample is the third of 3N; since a larger draw extends the
-    smaller one (tests/test_data.py::test_seed_determines_the_windows), A and B are the first two thirds of 3N,
-    unchanged, and the selection sample shares no row with them."""
-    n = 4
-    drawn = torch.arange(3 * n * 5).reshape(3 * n, 5)  # every row different
-    three = TokenBatch(drawn, "verbatim", None, drawn[:, 0].clone(), source="t", source_name="t", seed=0)
-    two = TokenBatch(drawn[: 2 * n], "verbatim", None, drawn[: 2 * n, 0].clone(), source="t", source_name="t", seed=0)
-    parts = [part_of(three, index, 3) for index in range(3)]
-    assert all(p.num_seqs == n and p.pos0_token_ids.equal(p.ids[:, 0]) for p in parts)
-    assert torch.equal(torch.cat([p.ids for p in parts]), drawn)
-    samples = {name: part_of(two if count == 2 else three, index, count) for name, (index, count) in PARTS.items()}
-    assert list(samples) == ["A", "B", SELECTION]
-    assert torch.equal(samples["A"].ids, parts[0].ids) and torch.equal(samples["B"].ids, parts[1].ids)
-    rows = [{tuple(r) for r in sample.ids.tolist()} for sample in samples.values()]
-    assert all(len(r) == n for r in rows) and len(set.union(*rows)) == 3 * n
-
-
 def test_models_by_role_keep_the_built_in_folders_and_name_others_after_their_spec(tmp_path: Path) -> None:
     builtins = "standard=smollm2-135m,large-base=qwen2.5-coder-0.5b,sliding=gemma3-270m,bos=gemma3-270m"
     named, problems = paper_plan(QUICK, builtins)
@@ -1058,15 +1085,24 @@ def test_a_plan_file_sets_each_role_and_the_plan_s_sizes(tmp_path: Path) -> None
 @pytest.fixture(scope="module")
 def edited_checkpoint(tmp_path_factory: pytest.TempPathFactory, zoo_model) -> Callable[..., Path]:
     """A checkpoint folder of smollm2-135m's own files (its weights linked, not copied) with its config or
-    tokenizer config edited: a real model that fails one check."""
+    tokenizer config edited, or without the BPE merges that make `unmerged` words: a real model that fails one
+    check."""
     source = zoo_model("smollm2-135m").path
 
-    def make(name: str, config: dict[str, Any] | None = None, tokenizer: dict[str, Any] | None = None) -> Path:
+    def make(
+        name: str,
+        config: dict[str, Any] | None = None,
+        tokenizer: dict[str, Any] | None = None,
+        unmerged: tuple[str, ...] = (),
+    ) -> Path:
         folder = tmp_path_factory.mktemp(name)
-        for file in ("model.safetensors", "tokenizer.json"):
-            (folder / file).symlink_to(source / file)
+        (folder / "model.safetensors").symlink_to(source / "model.safetensors")
         for file, changes in (("config.json", config), ("tokenizer_config.json", tokenizer)):
             (folder / file).write_text(json.dumps({**json.loads((source / file).read_text()), **(changes or {})}))
+        vocabulary = json.loads((source / "tokenizer.json").read_text())
+        merges = vocabulary["model"]["merges"]
+        vocabulary["model"]["merges"] = [pair for pair in merges if "".join(pair) not in unmerged]
+        (folder / "tokenizer.json").write_text(json.dumps(vocabulary))
         return folder
 
     return make
@@ -1115,6 +1151,23 @@ def test_every_problem_of_the_models_in_their_roles_at_once(
     assert f"standard model {no_bos}: its tokenizer has no BOS token, and C6" in lines[1]
     assert f"large-base model {short}: its maximum positions (128) are shorter than its T = 256" in lines[2]
     assert "sliding model gemma3-270m: its sliding window W = 512 is not shorter than its T = 512" in lines[3]
+    assert not out.exists()
+
+
+def test_a_tokenizer_that_splits_a_word_the_claims_put_at_position_0_is_refused_before_any_work(
+    tmp_path: Path, zoo_model, edited_checkpoint: Callable[..., Path]
+) -> None:
+    """smollm2-135m's tokenizer without the merges that make "the" and "that": C3 patches from "the" and C6 puts
+    both at position 0 in the standard model, so `paper` refuses in one line naming both, nothing written; the
+    built-in models keep every word whole (the `paper` fixture runs them)."""
+    for name in ("gemma3-270m", "qwen2.5-coder-0.5b"):
+        zoo_model(name)
+    split = edited_checkpoint("split", unmerged=("the", "that"))
+    out = tmp_path / "paper"
+    proc = run_main("paper", "--quick", "--models", f"standard={split}", "--out", str(out))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert f"model {split}: its tokenizer splits 'the', 'that'" in lines[0] and "C6's first tokens" in lines[0]
     assert not out.exists()
 
 

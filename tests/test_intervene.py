@@ -833,9 +833,7 @@ def test_window_wider_than_the_sequences_changes_no_prediction(tmp_path: Path, c
     transformers' own loss (eager attention) on the same ids."""
     folder, corpus = checkpoint
     spec = Interventions(window="1000")
-    config = AnalyzeConfig(
-        seq_len=24, num_seqs=6, batch_size=4, corpus=str(corpus), bootstrap=40, interventions=spec
-    )
+    config = AnalyzeConfig(seq_len=24, num_seqs=6, batch_size=4, corpus=str(corpus), bootstrap=40, interventions=spec)
     run = intervene(str(folder), config, out=tmp_path / "run", progress=False)
     pd.testing.assert_frame_equal(run.intervened.tokens, run.baseline.tokens, check_exact=True)
     assert (run.behaviour[["change", "change_lo", "change_hi"]].to_numpy() == 0).all()
@@ -932,6 +930,7 @@ def test_a_registered_intervention_reaches_the_command_line_its_checks_the_manif
     """Adding an intervention is one class registered by name: `posleak intervene` then offers its option, refuses
     its bad values like any other's, records it in the manifest and installs it, so that the model's predictions
     and the magnitudes change."""
+
     def identity() -> str:
         config = AnalyzeConfig(seq_len=24, interventions=Interventions(ablate_sink_values="auto"))
         return fingerprint({"config": config.identity()})

@@ -116,6 +116,12 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
         "magnitudes are over single pairs whatever the grid",
     )
     parser.add_argument("--early", type=int, default=unset, help="early queries are 1 ≤ i < K")
+    parser.add_argument(
+        "--beyond",
+        type=int,
+        default=unset,
+        help="the range 'beyond' is W ≤ i < T on any model (default: the model's sliding window; method §3)",
+    )
     parser.add_argument("--seed", type=int, default=unset, help="corpus sampling and random interventions")
     parser.add_argument("--bootstrap", type=int, default=unset, help="bootstrap resamples")
     parser.add_argument("--out", required=True, help="run folder (rerun with the same arguments to resume)")

@@ -96,6 +96,7 @@ def intervene(
             early=config.measure.early,
             resamples=config.measure.bootstrap,
             seed=config.measure.seed,
+            units=baseline.units,
         )
         folder.write_table("behaviour", behaviour)
         _report(folder, spec, config, baseline, intervened, effect, behaviour)

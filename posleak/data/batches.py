@@ -44,10 +44,15 @@ class TokenBatch:
     null: NullKind | None = None  # when this is a null of another batch
     null_seed: int | None = None
     source_origin: str | None = None  # a packaged corpus's package, version and file SHA-256 (Corpus.origin)
+    # the title of each row's document (Corpus.titles); None where a row can span documents or none is known (a
+    # token file): the bootstrap resamples documents where it knows them (posleak.measure.bootstrap)
+    documents: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.ids.dim() != 2 or self.ids.dtype != torch.long:
             raise ValueError(f"TokenBatch.ids must be a 2-D LongTensor, got {self.ids.dtype} {tuple(self.ids.shape)}")
+        if self.documents is not None and len(self.documents) != self.ids.shape[0]:
+            raise ValueError(f"TokenBatch.documents names {len(self.documents)} documents for {self.ids.shape[0]} rows")
 
     @property
     def num_seqs(self) -> int:
@@ -73,6 +78,7 @@ class TokenBatch:
             "null": self.null,
             "null_seed": self.null_seed,
             "source_origin": self.source_origin,
+            "documents": None if self.documents is None else list(self.documents),
         }
 
 
@@ -99,22 +105,27 @@ def make_sequences(
     seed: int = 0,
     cross_documents: bool = False,
     max_len: int | None = None,
+    part: tuple[int, int] | None = None,
 ) -> TokenBatch:
     """`num_seqs` rows of `seq_len` tokens: non-overlapping windows of the corpus, picked by `seed`.
 
     Each document gives as many windows as it holds whole (its tail is dropped), so no window
     crosses a document boundary unless `cross_documents`, where the documents form one stream
     joined by the tokenizer's EOS. A larger `num_seqs` with the same seed extends the smaller set.
+    `part` (index, count): the windows of the documents of that part only (`part_documents`), so that the
+    parts of one corpus and seed share no document.
     """
     _check_shape(seq_len, num_seqs, max_len)
     bos_id = pos0_token(tokenizer, bos)
     content_len = seq_len - (bos_id is not None)
-    streams = _token_streams(corpus, tokenizer, cross_documents)
+    kept = part_documents(corpus, part, seed)
+    streams = _token_streams(corpus, kept, tokenizer, cross_documents)
     doc_index, starts = _windows(streams, content_len)
     if len(starts) < num_seqs:
-        raise _too_short(corpus, streams, seq_len, len(starts), cross_documents)
+        raise _too_short(corpus, streams, seq_len, len(starts), cross_documents, part)
     generator = torch.Generator().manual_seed(seed)
     chosen = torch.randperm(len(starts), generator=generator)[:num_seqs].numpy()
+    documents = None if cross_documents else tuple(corpus.titles[kept[doc_index[k]]] for k in chosen)
     rows = [streams[doc_index[k]][starts[k] : starts[k] + content_len] for k in chosen]
     ids = torch.tensor(rows, dtype=torch.long).reshape(num_seqs, content_len)
     if bos_id is not None:
@@ -128,7 +139,24 @@ def make_sequences(
         source_name=corpus.name,
         seed=seed,
         source_origin=corpus.origin,
+        documents=documents,
     )
+
+
+def part_documents(corpus: Corpus, part: tuple[int, int] | None, seed: int) -> list[int]:
+    """The indices, in corpus order, of the documents of part `index` of `count` (all of them for None): the
+    documents are dealt, in an order drawn by `seed`, to the parts in turn, so the parts hold disjoint documents
+    and differ in number by at most one (not in tokens: documents differ in length)."""
+    if part is None:
+        return list(range(len(corpus)))
+    index, count = part
+    if len(corpus) < count:
+        raise PosleakError(
+            f"corpus '{corpus.name}' has {len(corpus)} documents, too few to deal into {count} parts that share "
+            f"none; use a corpus of at least {count} documents"
+        )
+    order = torch.randperm(len(corpus), generator=torch.Generator().manual_seed(seed))
+    return sorted(order[index::count].tolist())
 
 
 def _check_shape(seq_len: int, num_seqs: int, max_len: int | None) -> None:
@@ -153,11 +181,15 @@ def shape_problems(seq_len: int, num_seqs: int | None, max_len: int | None) -> l
     return problems
 
 
-def _token_streams(corpus: Corpus, tokenizer: PreTrainedTokenizerBase, cross_documents: bool) -> list[list[int]]:
+def _token_streams(
+    corpus: Corpus, kept: list[int], tokenizer: PreTrainedTokenizerBase, cross_documents: bool
+) -> list[list[int]]:
+    """The token ids of the documents `kept` (indices), or with `cross_documents` one stream of them all."""
     # split_special_tokens: text that spells a special token ("<bos>" in a document) stays text, so
     # a BOS id appears only where the policy puts one. verbose=False: a document longer than the
     # model's maximum is fine here, it is cut into windows.
-    encoded = tokenizer(list(corpus.documents), add_special_tokens=False, split_special_tokens=True, verbose=False)
+    documents = [corpus.documents[k] for k in kept]
+    encoded = tokenizer(documents, add_special_tokens=False, split_special_tokens=True, verbose=False)
     streams = encoded["input_ids"]
     if not cross_documents:
         return streams
@@ -183,12 +215,18 @@ def _windows(streams: list[list[int]], length: int) -> tuple[np.ndarray, np.ndar
 
 
 def _too_short(
-    corpus: Corpus, streams: list[list[int]], seq_len: int, available: int, cross_documents: bool
+    corpus: Corpus,
+    streams: list[list[int]],
+    seq_len: int,
+    available: int,
+    cross_documents: bool,
+    part: tuple[int, int] | None,
 ) -> PosleakError:
     longest = max((len(stream) for stream in streams), default=0)
     where, crossing = ("", "") if cross_documents else (" without crossing documents", ", cross documents")
+    whose = f"corpus '{corpus.name}'" if part is None else f"part {part[0] + 1} of {part[1]} of corpus '{corpus.name}'"
     return PosleakError(
-        f"corpus '{corpus.name}' holds only {available} sequences of {seq_len} tokens{where} "
+        f"{whose} holds only {available} sequences of {seq_len} tokens{where} "
         f"(its longest document has {longest} tokens); lower num_seqs to at most {available}, "
         f"lower seq_len{crossing} or use a larger corpus"
     )

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import sysconfig
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,13 +56,19 @@ SPEC_HELP = (
 
 @dataclass(frozen=True)
 class Corpus:
-    """Documents with a name and a SHA-256 fingerprint of their content (recorded in provenance), and for a
-    corpus read from a package, its origin: package, version, file and the file's SHA-256."""
+    """Documents with a name and a SHA-256 fingerprint of their content (recorded in provenance), a title for each
+    document that tells it from the others (a module's name, a book's, a file's path: what a run's samples name
+    their documents by), and for a corpus read from a package, its origin: package, version, file and SHA-256."""
 
     name: str
     documents: tuple[str, ...]
     fingerprint: str
+    titles: tuple[str, ...]
     origin: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.titles) != len(self.documents) or len(set(self.titles)) != len(self.titles):
+            raise ValueError(f"corpus '{self.name}' needs one distinct title per document")
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.documents)
@@ -94,12 +100,20 @@ def fingerprint_documents(documents: tuple[str, ...]) -> str:
     return digest.hexdigest()
 
 
-def make_corpus(name: str, documents: list[str] | tuple[str, ...], origin: str | None = None) -> Corpus:
-    """A Corpus from in-memory documents; blank documents are dropped (they hold no tokens)."""
-    kept = tuple(doc for doc in documents if doc.strip())
+def make_corpus(
+    name: str,
+    documents: Sequence[str],
+    origin: str | None = None,
+    titles: Sequence[str] | None = None,
+) -> Corpus:
+    """A Corpus from in-memory documents, titled by `titles` (default "document K", counted from 1 before blank
+    documents are dropped: they hold no tokens)."""
+    titles = [f"document {k}" for k in range(1, len(documents) + 1)] if titles is None else titles
+    kept = [(title, doc) for title, doc in zip(titles, documents, strict=True) if doc.strip()]
     if not kept:
         raise PosleakError(f"corpus '{name}' holds no non-empty documents; {SPEC_HELP} with some text")
-    return Corpus(name=name, documents=kept, fingerprint=fingerprint_documents(kept), origin=origin)
+    docs = tuple(doc for _, doc in kept)
+    return Corpus(name, docs, fingerprint_documents(docs), tuple(title for title, _ in kept), origin)
 
 
 def load_corpus(spec: str = DEFAULT_CORPUS) -> Corpus:
@@ -115,33 +129,37 @@ def load_corpus(spec: str = DEFAULT_CORPUS) -> Corpus:
     if not path.exists():
         raise PosleakError(f"corpus '{spec}' is neither a known corpus nor an existing path; {SPEC_HELP}")
     if path.is_dir():
-        return make_corpus(spec, _folder_documents(path))
+        files = _folder_files(path)
+        return make_corpus(spec, [_read_text(file) for file in files], titles=[str(f.relative_to(path)) for f in files])
     if path.suffix == ".jsonl":
-        return make_corpus(spec, _jsonl_documents(path, field))
+        lines = _jsonl_documents(path, field)
+        return make_corpus(spec, list(lines.values()), titles=[f"line {number}" for number in lines])
     if path.suffix in TEXT_SUFFIXES:
-        return make_corpus(spec, [_read_text(path)])
+        return make_corpus(spec, [_read_text(path)], titles=[path.name])
     raise PosleakError(f"corpus file '{path}' has an unsupported suffix '{path.suffix}'; {SPEC_HELP}")
 
 
 @functools.lru_cache(maxsize=1)
 def stdlib_corpus() -> Corpus:
     """The standard library's docstrings, built once per process."""
-    documents = _stdlib_documents()
-    if not documents:
+    modules = _stdlib_documents()
+    if not modules:
         # Happens when docstrings are stripped (PYTHONOPTIMIZE=2 reaches the fresh interpreter too).
         raise PosleakError(
             "the stdlib corpus is empty (docstrings stripped, PYTHONOPTIMIZE=2?); unset it or pass a text corpus"
         )
-    return make_corpus("stdlib", documents)
+    return make_corpus("stdlib", [doc for _, doc in modules], titles=[module for module, _ in modules])
 
 
 @functools.lru_cache(maxsize=1)
 def bible_corpus() -> Corpus:
-    """The World English Bible from its pinned package, built once per process (about a second)."""
-    return make_corpus(bible.NAME, bible.bible_documents(), origin=bible.ORIGIN)
+    """The World English Bible from its pinned package, one document per book titled by the book, built once per
+    process (about a second)."""
+    books = bible.bible_documents()
+    return make_corpus(bible.NAME, books, origin=bible.ORIGIN, titles=[book.split("\n", 1)[0] for book in books])
 
 
-def _stdlib_documents() -> list[str]:
+def _stdlib_documents() -> list[tuple[str, str]]:
     """`_collect_stdlib_documents()` run in a fresh interpreter that reaches posleak through this one's path.
 
     Not here: a library this process has imported may have replaced a stdlib function by its own (importing Ray
@@ -159,14 +177,14 @@ def _stdlib_documents() -> list[str]:
     return json.loads(fresh.stdout)  # ASCII: json escapes the rest
 
 
-def _collect_stdlib_documents() -> list[str]:
-    """One document per module: its long docstrings, in order, separated by blank lines.
+def _collect_stdlib_documents() -> list[tuple[str, str]]:
+    """One document per module, (module name, its long docstrings in order, separated by blank lines).
 
     A single docstring is a few hundred tokens; grouping by module gives documents long enough for
     sequences of 512 to 2048 tokens that stay inside one document (the module is one topic).
     """
     seen: set[str] = set()
-    documents: list[str] = []
+    documents: list[tuple[str, str]] = []
     for module_name in sorted(sys.stdlib_module_names):
         if module_name.startswith(("_", "xx")) or module_name in _STDLIB_SKIP:
             continue
@@ -177,7 +195,7 @@ def _collect_stdlib_documents() -> list[str]:
                 seen.add(doc)
                 kept.append(doc)
         if kept:
-            documents.append("\n\n".join(kept))
+            documents.append((module_name, "\n\n".join(kept)))
     return documents
 
 
@@ -252,11 +270,11 @@ def _read_text(path: Path) -> str:
         raise PosleakError(f"corpus file '{path}' is not UTF-8 ({err.reason}); save it as UTF-8") from err
 
 
-def _folder_documents(folder: Path) -> list[str]:
+def _folder_files(folder: Path) -> list[Path]:
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
     if not files:
         raise PosleakError(f"corpus folder '{folder}' holds no .txt or .md files; add some or {SPEC_HELP}")
-    return [_read_text(path) for path in files]
+    return files
 
 
 def _split_jsonl_field(spec: str) -> tuple[Path, str]:
@@ -267,8 +285,9 @@ def _split_jsonl_field(spec: str) -> tuple[Path, str]:
     return Path(spec), "text"
 
 
-def _jsonl_documents(path: Path, field: str) -> list[str]:
-    documents: list[str] = []
+def _jsonl_documents(path: Path, field: str) -> dict[int, str]:
+    """The document of each line that holds one, by line number."""
+    documents: dict[int, str] = {}
     for number, line in enumerate(_read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
@@ -281,7 +300,7 @@ def _jsonl_documents(path: Path, field: str) -> list[str]:
             raise PosleakError(f"{path}:{number} has no field '{field}' (keys: {keys}); choose one with '{path}:FIELD'")
         if not isinstance(record[field], str):
             raise PosleakError(f"{path}:{number} field '{field}' is not a string; choose a text field")
-        documents.append(record[field])
+        documents[number] = record[field]
     return documents
 
 
@@ -305,4 +324,5 @@ def _hf_corpus(spec: str) -> Corpus:
         raise PosleakError(
             f"dataset '{name}' has no field '{field}' (fields: {dataset.column_names}); write hf:{name}:{split}:FIELD"
         )
-    return make_corpus(spec, [text for text in dataset[field] if isinstance(text, str)])
+    rows = [(k, text) for k, text in enumerate(dataset[field]) if isinstance(text, str)]
+    return make_corpus(spec, [text for _, text in rows], titles=[f"row {k}" for k, _ in rows])

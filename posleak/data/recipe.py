@@ -1,5 +1,6 @@
 """The recipe of a run's sequences (`Recipe`): windows of a corpus (T, N, BOS policy, seed, across documents or
-not) or a token file taken verbatim, and the null to make of them, if any; checked before any model is asked."""
+not, a part of its documents) or a token file taken verbatim, and the null to make of them, if any; checked before
+any model is asked."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ class Recipe:
     # `null_seed`; None: the sequences as they are.
     null: NullKind | None = None
     null_seed: int = 0
+    # (index, count): only the documents of that part, the corpus's documents dealt into `count` parts by `seed`
+    # (posleak.data.batches.part_documents): `posleak paper`'s samples, which share no document. None: all.
+    part: tuple[int, int] | None = None
 
     def identity(self) -> dict[str, Any]:
         """The recipe as a run's fingerprint covers it: without a null, the null's options are left out, so that
@@ -34,6 +38,8 @@ class Recipe:
         options = dataclasses.asdict(self)
         if self.null is None:
             del options["null"], options["null_seed"]
+        if self.part is None:
+            del options["part"]
         return options
 
     def problems(self) -> list[str]:
@@ -48,7 +54,19 @@ class Recipe:
             found.append(f"--null-seed {self.null_seed} is out of range; use a seed from 0 to {SEEDS - 1}")
         elif self.null is None and self.null_seed != 0:
             found.append(f"--null-seed {self.null_seed} without --null; name the null it draws (shift or shuffle)")
-        return found
+        return found + self._part_problems()
+
+    def _part_problems(self) -> list[str]:
+        if self.part is None:
+            return []
+        if not (isinstance(self.part, tuple | list) and len(self.part) == 2 and all(type(v) is int for v in self.part)):
+            return [f"part {self.part!r} is not a pair of whole numbers; give (index, count)"]
+        index, count = self.part
+        if not 0 <= index < count:
+            return [f"part {self.part} is not one of {count} parts; give (index, count) with 0 ≤ index < count"]
+        if self.tokens is not None:
+            return ["a part deals a corpus's documents, and a token file is taken verbatim; drop the part or the file"]
+        return []
 
 
 def seed_problems(seed: int) -> list[str]:

@@ -19,14 +19,14 @@ back, never redone, and an interrupted one resumes from its checkpoint (the capt
 measured layer). The finished runs are gathered into one comparison, `posleak compare`'s table, figures and
 report, in OUT/comparison.
 
-The same units carry `posleak paper`'s analyses (`AnalysisJob` with a sample's part of the sequences). On the Ray
+The same units carry `posleak paper`'s analyses (`AnalysisJob`s whose recipes name a sample's part of the
+documents). On the Ray
 backend each unfinished analysis is one task needing one CPU, and a GPU where its device is `cuda`; OUT must then
 be a folder every node can write (a shared file system).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -101,20 +101,17 @@ def load_key(spec: str, interventions: Interventions, placement: Placement) -> L
 class AnalysisJob:
     """One analysis: `model` under `config`, written to the run folder `out`.
 
-    `part`: None draws the sequences `config` names; (index, count) draws count·num_seqs once and takes rows
-    [index·num_seqs, (index + 1)·num_seqs) (`posleak paper`'s disjoint samples: A and B halve 2·num_seqs, C3's
-    selection sample is the third of 3·num_seqs). `report`: whether the run folder gets its own figures and
-    report.html (`paper`'s analyses do not: the reproduction has its own report)."""
+    `report`: whether the run folder gets its own figures and report.html (`paper`'s analyses do not: the
+    reproduction has its own report)."""
 
     name: str
     model: str
     config: AnalyzeConfig
     out: Path
-    part: tuple[int, int] | None = None
     report: bool = True
 
     def sequences(self, models: ModelCache) -> TokenBatch:
-        return draw_sequences(models, self.model, self.config, self.part)
+        return draw_sequences(models, self.model, self.config)
 
     def resources(self) -> dict[str, float]:
         """What one Ray task of this job asks for."""
@@ -169,22 +166,10 @@ class _SharingModels:
         return self.job.resources()
 
 
-def draw_sequences(models: ModelCache, model: str, config: AnalyzeConfig, part: tuple[int, int] | None) -> TokenBatch:
-    """The sequences of `config` for `model`, drawn before any intervention; `part` (index, count): count·num_seqs
-    drawn once and their part `index` (see `AnalysisJob`)."""
-    recipe = config.recipe
+def draw_sequences(models: ModelCache, model: str, config: AnalyzeConfig) -> TokenBatch:
+    """The sequences of `config` for `model`, drawn before any intervention."""
     loaded = models.get(model, Interventions(), config.execution.placement)
-    if part is None:
-        return sequences_for(loaded, recipe)
-    index, count = part
-    return part_of(sequences_for(loaded, dataclasses.replace(recipe, num_seqs=count * recipe.num_seqs)), index, count)
-
-
-def part_of(batch: TokenBatch, index: int, count: int) -> TokenBatch:
-    """Rows [index·n, (index + 1)·n) of a batch of count·n rows: the parts are disjoint and of equal size."""
-    n = batch.num_seqs // count
-    rows = slice(index * n, (index + 1) * n)
-    return dataclasses.replace(batch, ids=batch.ids[rows], pos0_token_ids=batch.pos0_token_ids[rows])
+    return sequences_for(loaded, config.recipe)
 
 
 def run_analyses(

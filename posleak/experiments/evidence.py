@@ -98,11 +98,13 @@ def seed_mean(estimates: Sequence[Estimate], seed: int = 0) -> Estimate:
     return Estimate(sum(e.value for e in estimates) / count, samples.gather(0, drawn).mean(0))
 
 
-def sequence_mean(values: torch.Tensor, resamples: int, seed: int) -> Estimate:
-    """The mean over sequences of a per-sequence quantity `values` (S,), resampled over sequences with `seed`
-    (`resample_weights`): two quantities of the same sequences and seed draw the same resamples, so they pair."""
+def sequence_mean(values: torch.Tensor, resamples: int, seed: int, units: tuple[int, ...] | None = None) -> Estimate:
+    """The mean over sequences of a per-sequence quantity `values` (S,), resampled by `units` (the sequences'
+    documents, posleak.measure.bootstrap; None: each sequence its own) with `seed`: two quantities of the same
+    sequences and seed draw the same resamples, so they pair."""
     x = values.double()
-    return Estimate(float(x.mean()), resample_weights(x.shape[0], resamples, seed) @ x / x.shape[0])
+    weights = resample_weights(x.shape[0], resamples, seed, None if units is None else torch.tensor(units))
+    return Estimate(float(x.mean()), weights @ x / weights.sum(1))
 
 
 def _layers(result: AnalysisResult, measure: str, layers: Sequence[int] | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -39,15 +39,20 @@ def prepare_data(config: TrainConfig, tokenizer: PreTrainedTokenizerFast | None 
     corpus = load_corpus(config.corpus)
     threshold = config.val_fraction * 256
     is_val = [hashlib.sha256(doc.encode()).digest()[0] < threshold for doc in corpus.documents]
-    train_docs = [doc for doc, val in zip(corpus.documents, is_val, strict=True) if not val]
-    val_docs = [doc for doc, val in zip(corpus.documents, is_val, strict=True) if val]
-    if not train_docs or not val_docs:
+    if all(is_val) or not any(is_val):
         raise PosleakError(
             f"corpus '{corpus.name}' has {len(corpus)} documents, too few to split into training and validation; "
             "use a larger corpus"
         )
-    train = make_corpus(f"{corpus.name}[train]", train_docs, origin=corpus.origin)
-    val = make_corpus(f"{corpus.name}[val]", val_docs, origin=corpus.origin)
+    train, val = (
+        make_corpus(
+            f"{corpus.name}[{split}]",
+            [doc for doc, val in zip(corpus.documents, is_val, strict=True) if val == want],
+            origin=corpus.origin,
+            titles=[title for title, val in zip(corpus.titles, is_val, strict=True) if val == want],
+        )
+        for split, want in (("train", False), ("val", True))
+    )
     return LabData(tokenizer=tokenizer or train_tokenizer(train, config.vocab_size), train=train, val=val)
 
 

@@ -65,6 +65,7 @@ class EvalConfig:
     grid: GridKind = "coarse"
     bootstrap: int = 100
     task_seqs: int = 200  # rows of a task scored at each length (exact match)
+    beyond: int | None = None  # the decomposition's range "beyond" = W ≤ i < T on every variant (MeasureOptions)
 
     def __post_init__(self) -> None:
         if not self.length_multiples or min(self.length_multiples) < 1:
@@ -102,6 +103,8 @@ class Trial:
         evaluation = asdict(self.eval)
         if self.train.task is None:
             del evaluation["task_seqs"]  # corpus trials keep the keys they had before tasks existed
+        if self.eval.beyond is None:
+            del evaluation["beyond"]  # and trials that set no range "beyond" the keys they had before it
         return _key(
             {
                 "spec": self.spec.to_dict(),
@@ -261,7 +264,7 @@ def _position_measures(
         values["mask_all"] = values["resid_all"] = math.nan
         return values
     options = AnalysisOptions(
-        MeasureOptions(grid=ev.grid, bootstrap=ev.bootstrap, seed=config.seed),
+        MeasureOptions(grid=ev.grid, bootstrap=ev.bootstrap, seed=config.seed, beyond=ev.beyond),
         # the device is recorded in the manifest; the analysis runs where the model is, in float32
         Execution(batch_size=ev.batch_size, placement=Placement(device=config.device)),
     )

@@ -1,7 +1,7 @@
 """Measurements on captured attention: the decomposition by rows (g, c, w), the attention shift, ΔR², bootstrap
 intervals."""
 
-from posleak.measure.bootstrap import percentile_interval, resample_weights
+from posleak.measure.bootstrap import percentile_interval, resample_weights, resampling_units
 from posleak.measure.components import (
     MAGNITUDES,
     SHIFTS,
@@ -49,6 +49,7 @@ __all__ = [
     "percentile_interval",
     "profile",
     "resample_weights",
+    "resampling_units",
     "running_sums",
     "segment_boundaries",
     "sum_layer",

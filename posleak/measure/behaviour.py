@@ -134,13 +134,14 @@ def behaviour_table(
     resamples: int = 200,
     seed: int = 0,
     level: float = 0.95,
+    units: tuple[int, ...] | None = None,
 ) -> pd.DataFrame:
     """Loss and accuracy of both runs by bucket, and intervened − baseline, with paired bootstrap intervals.
 
     Columns `bucket, query_lo, query_hi, tokens, measure, baseline, baseline_lo, baseline_hi, intervened,
     intervened_lo, intervened_hi, change, change_lo, change_hi`; `measure` is `loss` (nats) or `accuracy`
-    (a fraction). Intervals resample the sequences (`resample_weights(N, resamples, seed)`, the magnitudes'
-    draws too); NaN with `resamples` = 0."""
+    (a fraction). Intervals resample the sequences by `units`, their documents (`resample_weights(N, resamples,
+    seed, units)`, the magnitudes' draws too); NaN with `resamples` = 0."""
     base, new = baseline.tokens, intervened.tokens
     if base.empty or new.empty:
         raise ValueError("a run holds no next-token scores (made before posleak measured them); rerun it")
@@ -149,7 +150,8 @@ def behaviour_table(
     num_seqs = int(base["seq"].max()) + 1
     weights = torch.ones(1, num_seqs, dtype=torch.float64)
     if resamples > 0:
-        weights = torch.cat([weights, resample_weights(num_seqs, resamples, seed)])
+        drawn_by = None if units is None else torch.tensor(units)
+        weights = torch.cat([weights, resample_weights(num_seqs, resamples, seed, drawn_by)])
     rows = []
     for name, (lo, hi) in buckets(seq_len, early).items():
         cell = joined[(joined["pos"] >= lo) & (joined["pos"] < hi)]

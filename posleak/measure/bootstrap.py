@@ -1,23 +1,45 @@
-"""Bootstrap over sequences: resampling weights and percentile intervals.
+"""Bootstrap over the sequences' documents: resampling units, weights and percentile intervals.
 
-A resample draws N sequences with replacement. It is written as integer weights per sequence (how
-often each was drawn), so the resampled sum of any per-sequence quantity is weights × per-sequence sums:
-one matrix product serves every resample. Weights of all ones are the original sample, which is how the
-point estimates are computed too: the same code.
+The unit of a resample is the document: windows cut from one document share its topic and style, so they are not
+independent draws, and a resample draws C documents with replacement, each with all its windows (a cluster
+bootstrap). Where the sequences come from fewer than two known documents (one text file, a token file, windows
+across documents) each sequence is its own unit. With one window per document the two are the same draw.
+
+A resample is written as integer weights per sequence (how often its unit was drawn), so the resampled sum of any
+per-sequence quantity is weights × per-sequence sums: one matrix product serves every resample. Weights of all
+ones are the original sample, which is how the point estimates are computed too: the same code. A weighted mean
+divides by the weights' sum, which varies from resample to resample where documents hold different numbers of
+windows.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
-def resample_weights(num_seqs: int, resamples: int, seed: int) -> torch.Tensor:
-    """(resamples, num_seqs) float64 draw counts, each row summing to num_seqs; seeded, so two runs on
-    the same sequences (a baseline and an intervention) resample them identically."""
+def resampling_units(documents: Sequence[str] | None) -> tuple[int, ...] | None:
+    """The unit each sequence is resampled with, numbered 0, 1, … in order of first appearance: its document (by
+    title) where the sequences come from at least two; None (each sequence its own unit) otherwise."""
+    if documents is None or len(set(documents)) < 2:
+        return None
+    number = {title: k for k, title in enumerate(dict.fromkeys(documents))}  # in order of first appearance
+    return tuple(number[title] for title in documents)
+
+
+def resample_weights(num_seqs: int, resamples: int, seed: int, units: torch.Tensor | None = None) -> torch.Tensor:
+    """(resamples, num_seqs) float64 draw counts: each resample draws as many units as there are (default: each
+    sequence is one) with replacement, and a sequence counts as often as its unit was drawn. Seeded, so two runs
+    on the same sequences (a baseline and an intervention) resample them identically; with every sequence its own
+    unit the draw is the same as without units."""
+    units = torch.arange(num_seqs) if units is None else units
+    count = int(units.max()) + 1
     generator = torch.Generator().manual_seed(seed)
-    draws = torch.randint(num_seqs, (resamples, num_seqs), generator=generator)
-    weights = torch.zeros(resamples, num_seqs, dtype=torch.float64)
-    return weights.scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64))
+    draws = torch.randint(count, (resamples, count), generator=generator)
+    drawn = torch.zeros(resamples, count, dtype=torch.float64)
+    drawn.scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64))
+    return drawn[:, units.cpu()]
 
 
 def percentile_interval(samples: torch.Tensor, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:

@@ -193,7 +193,7 @@ class Moments:
         return {name: torch.cat([part[name] for part in parts]) for name in MAGNITUDES}
 
     def _magnitudes(self, weights: torch.Tensor) -> dict[str, torch.Tensor]:
-        half = halves(self.sums.num_seqs)
+        half = self.sums.half
         groups = {"all": weights, "a": weights * (half == 0), "b": weights * (half == 1)}
         scaled = {x: w / w.sum(1, keepdim=True) for x, w in groups.items()}  # w_X / W_X (NaN for an empty half)
         g = torch.einsum("rn,nhd->rhd", scaled["all"], self.columns) / self.sums.offset_count

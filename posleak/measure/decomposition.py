@@ -12,8 +12,10 @@ room (docs/method.md says the same):
   log Z_i and m_count(i) = −log(Σ_d exp g(d) + exp sink); purely relative logits give w ≡ 0 with a sink too.
 - Sigmoid attention does not normalise: log Z ≡ 0, c ≡ m_count ≡ 0, so w(i, d) = mean_n s − g(d), and its
   magnitude is taken about its mean over the range (it is not centred per row).
-- Halves for the noise correction are by input order: A the first ⌊N/2⌋, B the next ⌊N/2⌋; an odd last
-  sequence is in neither. In a bootstrap resample each half is the resampled copies of its sequences.
+- Halves for the noise correction and the bootstrap's draws are by document where the sequences name theirs
+  (bootstrap.py, `layer_sums.halves`): of C documents in order of first appearance, A the first ⌊C/2⌋, B the next
+  ⌊C/2⌋, an odd last one in neither; with one window per document (or no documents known) that is the input
+  order. In a bootstrap resample each half is the resampled copies of its documents' sequences.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from posleak.capture.store import LayerCapture
 from posleak.measure.bootstrap import percentile_interval, resample_weights
 from posleak.measure.components import MAGNITUDES, RANGES, SHIFTS, LayerProfile, Moments, layer_value, profile, shifts
 from posleak.measure.grid import CellLayout, Grid
-from posleak.measure.layer_sums import SumsPath, segment_boundaries, sum_layer
+from posleak.measure.layer_sums import SumsPath, halves, segment_boundaries, sum_layer
 from posleak.measure.regression import DesignMoments, delta_r2, running_sums
 from posleak.measure.shift import SHIFT_QUERIES, shift_queries
 
@@ -64,12 +66,25 @@ class MeasureSpec:
     path: SumsPath = "auto"
     beyond: int | None = None  # the model's sliding window W, where it has one (range "beyond")
     shift_queries: int = SHIFT_QUERIES  # queries per range that the attention shift is formed from (shift.py)
+    # the resampling unit of each sequence (bootstrap.resampling_units: its document); None: each sequence its own
+    units: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.num_seqs < 1 or self.early < 1 or self.shift_queries < 1:
             raise ValueError("num_seqs, early and shift_queries must be ≥ 1")
         if self.table_grid.seq_len != self.seq_len:
             raise ValueError(f"table grid is for length {self.table_grid.seq_len}, not {self.seq_len}")
+        if self.units is not None and len(self.units) != self.num_seqs:
+            raise ValueError(f"{len(self.units)} resampling units for {self.num_seqs} sequences")
+
+    @property
+    def unit_of(self) -> torch.Tensor:
+        """The resampling unit of each sequence, (N,)."""
+        return torch.arange(self.num_seqs) if self.units is None else torch.tensor(self.units)
+
+    @property
+    def num_units(self) -> int:
+        return int(self.unit_of.max()) + 1
 
     @property
     def ranges(self) -> dict[str, tuple[int, int]]:
@@ -85,8 +100,8 @@ class MeasureSpec:
         """Why there are no intervals, when there are none."""
         if self.resamples < 1:
             return "bootstrap not requested (resamples = 0)"
-        if self.num_seqs < 2:
-            return "a bootstrap over sequences needs at least 2 sequences"
+        if self.num_units < 2:
+            return "a bootstrap needs at least 2 sequences"
         return None
 
     def resampling(self) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -94,7 +109,8 @@ class MeasureSpec:
         draws (few sequences give many) have identical magnitudes, so each is computed once."""
         if self.bootstrap_note is not None:
             return None
-        distinct, drawn = resample_weights(self.num_seqs, self.resamples, self.seed).unique(dim=0, return_inverse=True)
+        weights = resample_weights(self.num_seqs, self.resamples, self.seed, self.unit_of)
+        distinct, drawn = weights.unique(dim=0, return_inverse=True)
         return distinct, drawn
 
 
@@ -151,7 +167,7 @@ def measure_layer(capture: LayerCapture, spec: MeasureSpec) -> LayerResult:
     ranges = spec.ranges
     boundaries = segment_boundaries(spec.seq_len, ranges)
     rows = shift_queries(ranges, spec.shift_queries)
-    sums = sum_layer(capture, boundaries, spec.table_grid, spec.path, rows)
+    sums = sum_layer(capture, boundaries, spec.table_grid, spec.path, rows, halves(spec.num_seqs, spec.unit_of))
     # the point estimate is the weighting of all ones, computed with the distinct resamples in one pass
     weights = torch.ones(1, spec.num_seqs, dtype=torch.float64)
     resampling = spec.resampling()
@@ -188,6 +204,7 @@ class Decomposition:
     beyond: int | None
     resamples: int
     seed: int
+    units: int | None  # documents the bootstrap and the halves draw by; None: each sequence its own unit
     shift_queries: int
     where: dict[str, str]  # where the sums were formed ("device") and how the captures were kept ("captures")
 
@@ -221,6 +238,7 @@ class Decomposition:
             beyond=spec.beyond if "beyond" in spec.ranges else None,
             resamples=spec.resamples,
             seed=spec.seed,
+            units=None if spec.units is None else spec.num_units,
             shift_queries=spec.shift_queries,
             where=where,
         )
@@ -305,7 +323,14 @@ class Decomposition:
             "num_seqs": self.num_seqs,
             "early": self.early,
             "beyond": self.beyond,
-            "bootstrap": {"resamples": self.resamples, "seed": self.seed, "level": self.level},
+            "bootstrap": {
+                "resamples": self.resamples,
+                "seed": self.seed,
+                "level": self.level,
+                # what a resample draws (with replacement) and what the noise correction's halves split
+                "unit": "sequence" if self.units is None else "document",
+                "units": self.num_seqs if self.units is None else self.units,
+            },
             "bootstrap_note": self.bootstrap_note,
             **self.where,
         }

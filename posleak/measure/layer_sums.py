@@ -61,6 +61,7 @@ class LayerSums:
     sink_score: torch.Tensor  # (H,): α₀, the mean attention on key 0 over queries i ≥ 1
     shift_queries: torch.Tensor  # (S,): the queries of the attention shift's rows (shift.py)
     shift: torch.Tensor  # (5, H, S): shift.SHIFT_STATS of each of those queries (NaN for sigmoid attention)
+    half: torch.Tensor  # (N,): the half of each sequence for the noise correction (`halves`)
     device: str = "cpu"  # where the float64 products and sums were formed (the tensors here are on the CPU)
 
     @property
@@ -92,11 +93,13 @@ class LayerSums:
         return [s for s, start in enumerate(self.boundaries[:-1]) if lo <= start < hi]
 
 
-def halves(num_seqs: int) -> torch.Tensor:
-    """The half of each sequence, (N,): 0 = A (index < ⌊N/2⌋), 1 = B (next ⌊N/2⌋), −1 = the odd last one."""
-    half = num_seqs // 2
-    index = torch.arange(num_seqs)
-    return torch.where(index < half, 0, torch.where(index < 2 * half, 1, -1))
+def halves(num_seqs: int, units: torch.Tensor | None = None) -> torch.Tensor:
+    """The half of each sequence, (N,), by its resampling unit (posleak.measure.bootstrap; default: each sequence
+    its own): of C units in order of first appearance, 0 = A (unit < ⌊C/2⌋), 1 = B (the next ⌊C/2⌋), −1 = the odd
+    last one. The halves share no document, so their noise is independent."""
+    units = torch.arange(num_seqs) if units is None else units
+    half = (int(units.max()) + 1) // 2
+    return torch.where(units < half, 0, torch.where(units < 2 * half, 1, -1))
 
 
 def segment_boundaries(seq_len: int, ranges: dict[str, tuple[int, int]]) -> tuple[int, ...]:
@@ -122,9 +125,10 @@ def sum_layer(
     table_grid: Grid,
     path: SumsPath = "auto",
     shift_queries: torch.Tensor | None = None,
+    half: torch.Tensor | None = None,
 ) -> LayerSums:
     """The sums of one layer's logits (module docstring), and the attention shift's rows of `shift_queries`
-    (none when None)."""
+    (none when None); `half`: each sequence's half for the noise correction (default `halves(N)`)."""
     facts = capture.facts
     mask = facts.mask
     if not mask.causal or mask.prefix > 0:
@@ -149,7 +153,8 @@ def sum_layer(
         )
     host = torch.device("cpu")
     shift_at = torch.zeros(0, dtype=torch.long) if shift_queries is None else shift_queries
-    shift = _shift(stacked, facts, columns, shift_at)
+    half = halves(capture.num_seqs) if half is None else half
+    shift = _shift(stacked, facts, columns, shift_at, half)
     return LayerSums(
         layer=capture.layer,
         mask=mask,
@@ -166,6 +171,7 @@ def sum_layer(
         sink_score=_sink_scores(stacked, capture.facts, log_z).to(host),
         shift_queries=shift_at,
         shift=shift.to(host),
+        half=half,
         device=str(stacked.stacked_query.device),
     )
 
@@ -208,7 +214,9 @@ def _materialised(
     return rows, columns, gram, offset_weighted, table
 
 
-def _shift(stacked: bilinear.Stacked, facts: CallFacts, columns: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+def _shift(
+    stacked: bilinear.Stacked, facts: CallFacts, columns: torch.Tensor, rows: torch.Tensor, half: torch.Tensor
+) -> torch.Tensor:
     """The attention shift's statistics of `rows` (shift.py), with g from the column sums over all queries."""
     heads = columns.shape[2]
     if facts.norm == "sigmoid" or not len(rows):  # sigmoid attention is no distribution over keys: no shift
@@ -216,7 +224,6 @@ def _shift(stacked: bilinear.Stacked, facts: CallFacts, columns: torch.Tensor, r
     num_seqs, seq_len, span = columns.shape[1], stacked.stacked_query.shape[2], columns.shape[-1]
     count = seq_len - torch.arange(span, dtype=torch.float64, device=columns.device)
     g = columns.sum((0, 1)) / (num_seqs * count)
-    half = halves(num_seqs)
     groups = [torch.nonzero(half == which)[:, 0] for which in (0, 1, -1)]
     return shift_rows(stacked.stacked_query, stacked.stacked_keys, facts.mask, facts.softcap, g, groups, rows)
 

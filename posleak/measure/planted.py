@@ -2,9 +2,11 @@
 
 Random q and k with no RoPE under a causal mask: query i sees i + 1 keys and nothing else depends on i, so the
 residual-stream component is 0 by construction. Optional planted effects put absolute position back in: a sink at
-key 0 (a fixed number of nats on every query's key 0) and a logit term in i·j. The test suite measures these to
-show that no effect centres on 0 and a planted one is found at its size; `scripts/interval_coverage.py` draws
-many of them to measure how often the bootstrap intervals cover the truth.
+key 0 (a fixed number of nats on every query's key 0) and a logit term in i·j. Sequences can also be windows of
+a few documents that share part of their q and k (as windows of one text share its topic and style): no position
+either, but the windows of a document are not independent draws. The test suite measures these to show that no
+effect centres on 0 and a planted one is found at its size; `scripts/interval_coverage.py` draws many of them to
+measure how often the bootstrap intervals cover the truth.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from posleak.capture.store import CallFacts, LayerCapture
 class Planted:
     """What a planted layer holds. `sigma`: the logits' spread; `token_scale`: every query times exp(N(0, 0.5²))
     drawn per token id (as real models' query norms vary with the token); `sink`: nats added on key 0;
-    `product`: product·(i/T)(j/T)·4 added to every logit."""
+    `product`: product·(i/T)(j/T)·4 added to every logit; `documents`: sequence n is a window of document
+    n mod `documents` (0: each its own), `shared` the part of its q's and k's variance its document gives it."""
 
     sigma: float = 2.0
     token_scale: bool = False
@@ -30,6 +33,13 @@ class Planted:
     num_seqs: int = 16
     heads: int = 4
     dim: int = 16
+    documents: int = 0
+    shared: float = 0.0
+
+    @property
+    def units(self) -> tuple[int, ...] | None:
+        """Each sequence's document, numbered in order of first appearance (posleak.measure.bootstrap)."""
+        return tuple(n % self.documents for n in range(self.num_seqs)) if self.documents else None
 
 
 def planted_layer(planted: Planted, seed: int, layer: int = 0) -> LayerCapture:
@@ -38,6 +48,11 @@ def planted_layer(planted: Planted, seed: int, layer: int = 0) -> LayerCapture:
     n, t, gen = p.num_seqs, p.seq_len, torch.Generator().manual_seed(seed)
     query = torch.randn(n, p.heads, t, p.dim, generator=gen)
     keys = torch.randn(n, p.heads, t, p.dim, generator=gen)
+    if p.documents:  # each document's own q and k, the same at the same place in each of its windows
+        of_doc = torch.arange(n) % p.documents
+        doc_query, doc_keys = (torch.randn(p.documents, p.heads, t, p.dim, generator=gen) for _ in range(2))
+        query = (1 - p.shared) ** 0.5 * query + p.shared**0.5 * doc_query[of_doc]
+        keys = (1 - p.shared) ** 0.5 * keys + p.shared**0.5 * doc_keys[of_doc]
     if p.token_scale:
         tokens = torch.randint(0, 50, (n, t), generator=gen)
         per_token = torch.exp(0.5 * torch.randn(50, generator=gen))

@@ -25,12 +25,17 @@ MAX_RESAMPLES = 100_000  # percentile intervals settle long before; each resampl
 
 @dataclass(frozen=True)
 class MeasureOptions:
-    """How the layers are measured (docs/method.md): the tables' grid, the early queries, the bootstrap."""
+    """How the layers are measured (docs/method.md): the tables' grid, the early queries, the bootstrap, and where
+    the range "beyond" starts."""
 
     grid: GridKind = "coarse"
     early: int = 32
     bootstrap: int = 200
     seed: int = 0  # the bootstrap's draw: the run's --seed, which draws the sequences too
+    # W of the range "beyond" = W ≤ i < T (docs/method.md §3): None, the model's sliding window (no range without
+    # one); a number, those queries on any model, so that a model without a window is measured on the same
+    # queries as a windowed one of width W at the same T
+    beyond: int | None = None
 
     def problems(self, seq_len: int, num_seqs: int | None) -> list[str]:
         """What is wrong with these options for `num_seqs` sequences (None: any number) of `seq_len` tokens."""
@@ -43,6 +48,8 @@ class MeasureOptions:
             )
         if self.early < 2:
             found.append(f"--early {self.early} leaves no early queries (1 ≤ i < K); use K ≥ 2")
+        if self.beyond is not None and not 1 <= self.beyond < seq_len:
+            found.append(f"--beyond {self.beyond} leaves no queries W ≤ i < T = {seq_len}; use 1 ≤ W < {seq_len}")
         if not 0 <= self.bootstrap <= MAX_RESAMPLES:
             found.append(
                 f"--bootstrap {self.bootstrap} is out of range; use 0 (no intervals) up to {MAX_RESAMPLES} resamples"
@@ -96,8 +103,11 @@ class AnalysisOptions:
     def identity(self) -> dict[str, Any]:
         """The options a run's resume fingerprint covers: every one but `measure_budget`, which changes where the
         captures wait and no number, so that a killed run resumes under another budget."""
+        measure = dataclasses.asdict(self.measure)
+        if self.measure.beyond is None:  # left out, so that run folders written before it keep their fingerprint
+            del measure["beyond"]
         return {
-            **dataclasses.asdict(self.measure),
+            **measure,
             "batch_size": self.execution.batch_size,
             **self.execution.placement.to_dict(),
             "interventions": self.interventions.to_dict(),

@@ -205,6 +205,7 @@ def sequences_for(loaded: LoadedModel, recipe: Recipe) -> TokenBatch:
             seed=recipe.seed,
             cross_documents=recipe.cross_documents,
             max_len=max_len,
+            part=recipe.part,
         )
     return batch if recipe.null is None else make_null(batch, recipe.null, recipe.null_seed)
 

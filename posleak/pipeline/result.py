@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from posleak.measure.bootstrap import resampling_units
 from posleak.pipeline.config import AnalyzeConfig
 from posleak.store import RunFolder
 from posleak.store.jsonfile import dumps
@@ -37,6 +38,12 @@ class AnalysisResult:
         # a folder finished before next-token scores were kept has no tokens table; it reads back without
         tokens = run.read_table("tokens") if run.table_path("tokens").is_file() else pd.DataFrame()
         return cls(**tables, manifest=run.read_manifest(), run=run, tokens=tokens)
+
+    @property
+    def units(self) -> tuple[int, ...] | None:
+        """The resampling unit of each sequence, as its bootstrap drew them: its document (None: each sequence its
+        own; posleak.measure.bootstrap). Another run on the same sequences resamples them alike with these."""
+        return resampling_units(self.manifest.get("data", {}).get("documents"))
 
 
 def finished_here(run: RunFolder, spec: str, config: AnalyzeConfig, command: str | None = None) -> bool:

@@ -34,7 +34,7 @@ from posleak.data.batches import TokenBatch, iter_batches
 from posleak.data.recipe import Recipe
 from posleak.device import CPU_BUDGET_BYTES, measure_budget, sums_device
 from posleak.errors import BadInput, PosleakError
-from posleak.measure import Decomposition, LayerResult, MeasureSpec, measure_layer
+from posleak.measure import Decomposition, LayerResult, MeasureSpec, measure_layer, resampling_units
 from posleak.measure.behaviour import next_token_scores, token_table
 from posleak.models.facts import ModelFacts
 from posleak.models.load import LoadedModel
@@ -138,7 +138,8 @@ def _analyze(
 
 
 def _measure_spec(batch: TokenBatch, options: MeasureOptions, windows: list[int | None]) -> MeasureSpec:
-    """What the layers are measured with; `windows`: every layer's (the range "beyond" starts at the least)."""
+    """What the layers are measured with; `windows`: every layer's (the range "beyond" starts at the least, or
+    where the options put it)."""
     return MeasureSpec(
         batch.seq_len,
         batch.num_seqs,
@@ -146,7 +147,8 @@ def _measure_spec(batch: TokenBatch, options: MeasureOptions, windows: list[int 
         early=options.early,
         resamples=options.bootstrap,
         seed=options.seed,
-        beyond=min((window for window in windows if window), default=None),
+        beyond=options.beyond or min((window for window in windows if window), default=None),
+        units=resampling_units(batch.documents),
     )
 
 

@@ -18,7 +18,7 @@ def behaviour_tables(claims: Sequence[ClaimModule], runs: SampleRuns, sample: st
     """Every intervention the claims run against its baseline on one sample: the model's next-token loss and top-1
     accuracy by position bucket, with paired intervals, one block of rows per claim and intervention."""
     frames = [
-        behaviour_table(base, new, resamples=resamples).assign(claim=claim.name, intervention=name)
+        behaviour_table(base, new, resamples=resamples, units=base.units).assign(claim=claim.name, intervention=name)
         for claim in claims
         for name, (base, new) in claim.interventions(runs, sample).items()
     ]
@@ -44,7 +44,7 @@ def behaviour_block(table: pd.DataFrame, claim: str, sample: str) -> TableBlock:
     return TableBlock(
         f"Effect on the model's next-token loss and top-1 accuracy (sample {sample})",
         pd.DataFrame(rows),
-        caption="Intervened − baseline on the same sequences, 95% paired bootstrap intervals over sequences.",
+        caption="Intervened − baseline on the same sequences, 95% paired bootstrap intervals over documents.",
         max_rows=None,
         source=f"behaviour_{sample}.parquet",
     )

@@ -112,6 +112,7 @@ class C3(ClaimModule):
     name = "C3"
     statement = "Position 0 is a closed system; later queries read its trajectory through sink-reading heads."
     roles = C3_ROLES
+    words = (PATCH_SOURCE,)
     criterion = C3_CRITERION
     family_wise = f"{HOLM}, within each unit and question; the units and questions combine as the criterion says"
     method = (

@@ -2,7 +2,10 @@
 component, sliding windows let it accumulate with depth, standard RoPE sits between).
 
 Four lines: NTK scaling at inference on the standard model, slopes between the pretrained models, and the
-controlled lab line, an 8-layer lab decoder trained three ways (its slopes, and its NTK base's level).
+controlled lab line, an 8-layer lab decoder trained three ways (its slopes, and its NTK base's level). "Accumulates
+with depth" is a statement about the queries beyond the window (docs/method.md §3): the window comparisons judge
+the slope of resid_beyond, the windowed model and the model without a window at the same T, both measured on
+W ≤ i < T.
 """
 
 from __future__ import annotations
@@ -14,12 +17,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from posleak.experiments.batch import AnalysisJob
 from posleak.experiments.compare import summarise
 from posleak.experiments.evidence import Estimate, depth_slope, percent_change, seed_mean
 from posleak.experiments.paper.claim import ClaimModule, quote, rounded
 from posleak.experiments.paper.plan import SHOWN
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
-from posleak.experiments.paper.verdict import Judgement, judge, row
+from posleak.experiments.paper.verdict import Judgement, fact, judge, row
 from posleak.lab.plan import run_trials
 from posleak.lab.trainer import TrainConfig
 from posleak.lab.trial import EvalConfig, Trial, trial_folder
@@ -37,8 +41,10 @@ C4_CRITERION = (
     f"scaling at inference, at the largest factor, lowers the residual-stream magnitude (all queries, mean over "
     f"layers) by more than {MIN_NTK_LOWERING:g}%. (2) Between pretrained models, the slope of the residual-stream "
     "magnitude against relative depth orders sliding window > standard RoPE > NTK-scaled RoPE (both differences "
-    "above 0). (3) The controlled lab version: one decoder trained three ways on the same data and budget (full "
-    "causal RoPE, sliding window, RoPE with an NTK-scaled base), ≥ 5 seeds, orders its slopes the same way "
+    "above 0): the window comparison on the queries beyond the window (W ≤ i < T, resid_beyond), the standard "
+    "model at the sliding-window model's T; standard against NTK on all queries. (3) The controlled lab version: "
+    "one decoder trained three ways on the same data and budget (full causal RoPE, sliding window, RoPE with an "
+    "NTK-scaled base), ≥ 5 seeds, orders its slopes the same way, the window comparison again beyond the window "
     "(seed means with intervals over seeds, both differences above 0, and every seed pair ordered). (4) In the lab, "
     "the NTK-scaled base lowers "
     f"the residual-stream magnitude against the standard base by more than {MIN_NTK_LOWERING:g}%. Not consistent if "
@@ -46,18 +52,48 @@ C4_CRITERION = (
 )
 
 
+WINDOW_ROW = "(2) slope beyond the window"  # the start of the name of the pretrained models' window comparison
+# Which magnitude each comparison of slopes is judged on: past the window, or over all queries
+COMPARED = {("window", "rope"): "resid_beyond", ("rope", "ntk"): "resid_all"}
+
+
+@dataclass(frozen=True)
+class WindowComparison:
+    """The sliding-window model and the standard one at the same T, each measured on the queries beyond the
+    window, W ≤ i < T: the slopes of their resid_beyond against relative depth."""
+
+    sliding: Estimate
+    standard: Estimate
+    seq_len: int
+    window: int
+
+    @classmethod
+    def of(cls, sliding: AnalysisResult, standard: AnalysisResult) -> WindowComparison:
+        return cls(
+            depth_slope(sliding, "resid_beyond"),
+            depth_slope(standard, "resid_beyond"),
+            int(sliding.manifest["data"]["seq_len"]),
+            int(sliding.manifest["measurement"]["beyond"]),
+        )
+
+    @property
+    def where(self) -> str:
+        return f"i ≥ {self.window}, T = {self.seq_len}"
+
+
 @dataclass(frozen=True)
 class LabRuns:
-    """The controlled C4 experiment: per variant ("rope", "window", "ntk"), one analysis per seed."""
+    """The controlled C4 experiment: per variant ("rope", "window", "ntk"), one analysis per seed, every variant
+    measured beyond the window variant's window too."""
 
     runs: dict[str, list[AnalysisResult]]
 
-    def slope(self, variant: str) -> Estimate:
-        return seed_mean([depth_slope(result, "resid_all") for result in self.runs[variant]])
+    def slope(self, variant: str, measure: str = "resid_all") -> Estimate:
+        return seed_mean([depth_slope(result, measure) for result in self.runs[variant]])
 
-    def seeds_ordered(self, high: str, low: str) -> bool:
-        highs = [depth_slope(r, "resid_all").value for r in self.runs[high]]
-        lows = [depth_slope(r, "resid_all").value for r in self.runs[low]]
+    def seeds_ordered(self, high: str, low: str, measure: str = "resid_all") -> bool:
+        highs = [depth_slope(r, measure).value for r in self.runs[high]]
+        lows = [depth_slope(r, measure).value for r in self.runs[low]]
         return min(highs) > max(lows)
 
     def level_change(self, variant: str, baseline: str) -> Estimate:
@@ -69,27 +105,39 @@ class LabRuns:
 def claim_c4(
     ntk_change: Estimate,
     slopes: Mapping[str, Estimate],
+    window: WindowComparison | None,
     lab: LabRuns,
     reported: Mapping[str, Estimate] | None = None,
 ) -> Judgement:
     """`ntk_change`: % change of resid_all under the largest NTK factor; `slopes`: resid_all slope against relative
-    depth of "sliding", "standard" and "ntk" (the latter paired with "standard"); `reported`: further slopes shown
-    beside the evidence (a model trained with a large base), not judged."""
+    depth of "standard" and "ntk" (paired); `window`: the sliding-window model against the standard one beyond the
+    window at equal T (None: the sliding model has no queries beyond its window, so the row cannot be tested);
+    `reported`: further slopes shown beside the evidence (a model trained with a large base), not judged."""
     rows = [row("(1) NTK at inference: change of resid_all", ntk_change, -MIN_NTK_LOWERING, "below", "%")]
     unit = "nats per depth"
-    rows.append(row("(2) slope: sliding − standard", slopes["sliding"].minus(slopes["standard"]), 0.0, "above", unit))
+    if window is None:
+        rows.append(fact(f"{WINDOW_ROW}: queries of the sliding model past its window", 0, False, False, "> 0 to test"))
+    else:
+        difference = window.sliding.minus(window.standard)
+        rows.append(row(f"{WINDOW_ROW} ({window.where}): sliding − standard", difference, 0.0, "above", unit))
+        for name, estimate in (("sliding", window.sliding), ("standard", window.standard)):
+            rows.append(row(f"slope beyond the window: {name}", estimate, 0.0, "above", unit, deciding=False))
     rows.append(row("(2) slope: standard − NTK", slopes["standard"].minus(slopes["ntk"]), 0.0, "above", unit))
-    for name, estimate in slopes.items():
+    for name, estimate in {**slopes, **(reported or {})}.items():
         rows.append(row(f"slope: {name}", estimate, 0.0, "above", unit, deciding=False))
-    for name, estimate in (reported or {}).items():
-        rows.append(row(f"slope: {name}", estimate, 0.0, "above", unit, deciding=False))
-    for high, low in (("window", "rope"), ("rope", "ntk")):
-        difference = row(f"(3) lab slope: {high} − {low}", lab.slope(high).minus(lab.slope(low)), 0.0, "above", unit)
-        if difference["says"] == "supports" and not lab.seeds_ordered(high, low):
+    for (high, low), measure in COMPARED.items():
+        where = " beyond the window" if measure == "resid_beyond" else ""
+        change = lab.slope(high, measure).minus(lab.slope(low, measure))
+        difference = row(f"(3) lab slope{where}: {high} − {low}", change, 0.0, "above", unit)
+        if difference["says"] == "supports" and not lab.seeds_ordered(high, low, measure):
             difference["says"] = "unclear"  # the seed means agree, single seeds do not
         rows.append(difference)
     for variant in LAB_VARIANTS:
         rows.append(row(f"lab slope: {variant} (seed mean)", lab.slope(variant), 0.0, "above", unit, deciding=False))
+        beyond = lab.slope(variant, "resid_beyond")
+        rows.append(
+            row(f"lab slope beyond the window: {variant} (seed mean)", beyond, 0.0, "above", unit, deciding=False)
+        )
     rows.append(
         row(
             "(4) lab: NTK base against standard, resid_all",
@@ -111,8 +159,13 @@ def lab_runs(repro: Reproduction) -> LabRuns:
         "window": LabSpec(size="deep", attention=f"window:{plan.lab_seq_len // 4}"),
         "ntk": LabSpec(size="deep", rope_scaling=f"ntk:{max(plan.ntk_factors):g}"),
     }
+    # every variant measured beyond the window variant's window as well (docs/method.md §3)
     evaluation = EvalConfig(
-        length_multiples=(1,), probe_seqs=8, analyze_seqs=plan.lab_analyze_seqs, bootstrap=plan.bootstrap
+        length_multiples=(1,),
+        probe_seqs=8,
+        analyze_seqs=plan.lab_analyze_seqs,
+        bootstrap=plan.bootstrap,
+        beyond=plan.lab_seq_len // 4,
     )
     steps = plan.lab_steps
     trials = [
@@ -144,6 +197,20 @@ def lab_runs(repro: Reproduction) -> LabRuns:
     return LabRuns(runs)
 
 
+def window_jobs(repro: Reproduction, runs: Mapping[str, SampleRuns]) -> dict[str, AnalysisJob]:
+    """Per sample, the standard model at the sliding role's T and N, measured beyond the sliding model's window
+    (`--beyond W`), into OUT/runs/STANDARD-beyondW-SAMPLE; none where the sliding model has no such queries."""
+    seq_len, num_seqs = repro.plan.size("sliding")
+    standard = repro.plan.roles["standard"]
+    jobs = {}
+    for sample, sample_runs in runs.items():
+        window = sample_runs.sliding.manifest["measurement"]["beyond"]
+        if window is not None:
+            config = repro.config("standard", seq_len=seq_len, num_seqs=num_seqs, beyond=window)
+            jobs[sample] = repro.job(f"{standard.folder}-beyond{window}", standard.model, config, sample)
+    return jobs
+
+
 def _base(result: AnalysisResult) -> str:
     """The largest RoPE base of the model of `result` as the evidence writes it (1e6)."""
     theta = max(t for t in result.manifest["model"]["facts"]["rope_theta"] if t is not None)
@@ -165,22 +232,29 @@ class C4(ClaimModule):
     criterion = C4_CRITERION
     method = (
         "Slopes of the residual-stream magnitude against relative depth with bootstrap intervals, between the "
-        "pretrained models and in a lab decoder trained three ways (docs/method.md §6, §13)."
+        "pretrained models and in a lab decoder trained three ways, windows compared on the queries beyond the "
+        "window at equal T (docs/method.md §3, §6, §13)."
     )
 
     def measure(self, runs: Mapping[str, SampleRuns]) -> None:
+        jobs = window_jobs(self.repro, runs)
+        self.at_window = dict(zip(jobs, self.repro.run(list(jobs.values())), strict=True))
         self.lab = lab_runs(self.repro)
 
     def judge(self, runs: SampleRuns, sample: str) -> Judgement:
         slopes = {
-            "sliding": depth_slope(runs.sliding, "resid_all"),
             "standard": depth_slope(runs.standard, "resid_all"),
             "ntk": depth_slope(runs.largest_ntk, "resid_all"),
         }
         large = runs.large_base
-        reported = {f"trained base {_base(large)} ({runs.roles['large-base'].name})": depth_slope(large, "resid_all")}
+        reported = {
+            f"{runs.roles['sliding'].name} (all queries)": depth_slope(runs.sliding, "resid_all"),
+            f"trained base {_base(large)} ({runs.roles['large-base'].name})": depth_slope(large, "resid_all"),
+        }
         ntk_change = percent_change(runs.standard, runs.largest_ntk, "resid_all")
-        return claim_c4(ntk_change, slopes, self.lab, reported)
+        standard = self.at_window.get(sample)
+        window = None if standard is None else WindowComparison.of(runs.sliding, standard)
+        return claim_c4(ntk_change, slopes, window, self.lab, reported)
 
     def tables(self, runs: SampleRuns, sample: str) -> list[TableBlock]:
         """The architecture comparison (posleak.experiments.compare), of the shown sample only."""
@@ -197,8 +271,8 @@ class C4(ClaimModule):
         return (
             "The paper reports NTK suppressing the residual-stream component and sliding windows accumulating it; "
             f"here NTK scaling changes it by {quote(judgement, '(1) NTK at inference: change of resid_all')}, and "
-            f"the slope of the sliding-window model minus the standard one is "
-            f"{quote(judgement, '(2) slope: sliding − standard')}."
+            f"beyond the window, the slope of the sliding-window model minus the standard one is "
+            f"{quote(judgement, next(n for n in judgement.evidence['evidence'] if n.startswith(WINDOW_ROW)))}."
         )
 
     def figures(self, runs: SampleRuns) -> list[Path]:
@@ -207,7 +281,7 @@ class C4(ClaimModule):
         lab = {
             f"lab {variant} seed {k}": r.per_layer for variant, rs in self.lab.runs.items() for k, r in enumerate(rs)
         }
-        return [
+        drawn = [
             figures.lines_by_run(
                 variants,
                 "resid_all",
@@ -225,3 +299,18 @@ class C4(ClaimModule):
                 relative_depth=True,
             ),
         ]
+        standard = self.at_window.get(SHOWN)
+        if standard is not None:
+            window = WindowComparison.of(runs.sliding, standard)
+            roles = runs.roles
+            drawn.append(
+                figures.lines_by_run(
+                    {roles["sliding"].label: runs.sliding.per_layer, roles["standard"].name: standard.per_layer},
+                    "resid_beyond",
+                    out.figure_path("c4_resid_beyond"),
+                    title=f"Beyond the window ({window.where}), sample {SHOWN}",
+                    ylabel="resid_beyond (nats)",
+                    relative_depth=True,
+                )
+            )
+        return drawn

@@ -30,6 +30,7 @@ from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
 from posleak.experiments.paper.verdict import Judgement, fact, judge, row
 from posleak.intervene import Interventions
 from posleak.intervene.patching import source_token
+from posleak.measure.bootstrap import resampling_units
 from posleak.measure.position0 import fingerprint_constancy, identity_accuracy, variant_states
 from posleak.models.load import LoadedModel
 from posleak.report import figures
@@ -64,13 +65,15 @@ C6_CRITERION = (
 class IdentityProbe:
     """One model on one sample: the probe's accuracy (%) of each sequence per resid index, (L + 1, S), with the
     model as it is and with its sink heads' reads of key 0 removed (None: no sink head, so nothing to remove); the
-    sink heads by layer; the resamples' count and seed (the two accuracies draw the same resamples: they pair)."""
+    sink heads by layer; the resamples' count, seed and units (the sequences' documents, posleak.measure.bootstrap;
+    the two accuracies draw the same resamples: they pair)."""
 
     accuracy: torch.Tensor
     removed: torch.Tensor | None
     sinks: dict[int, tuple[int, ...]]
     resamples: int
     seed: int
+    units: tuple[int, ...] | None = None
 
     @property
     def later(self) -> list[int]:
@@ -89,7 +92,7 @@ class IdentityProbe:
         return self._mean(self.removed, self.later).minus(self.carried())
 
     def _mean(self, accuracy: torch.Tensor, layers: Sequence[int]) -> Estimate:
-        return sequence_mean(accuracy[list(layers)].mean(0), self.resamples, self.seed)
+        return sequence_mean(accuracy[list(layers)].mean(0), self.resamples, self.seed, self.units)
 
     def table(self) -> pd.DataFrame:
         """`layer` and IDENTITY_COLUMNS: each layer's accuracy and interval, as it is and without the sink heads'
@@ -120,7 +123,13 @@ def claim_c6(probes: Mapping[str, IdentityProbe]) -> Judgement:
 
 
 def probe_identity(
-    model: PreTrainedModel, ids: torch.Tensor, candidates: Sequence[int], batch_size: int, resamples: int, seed: int
+    model: PreTrainedModel,
+    ids: torch.Tensor,
+    candidates: Sequence[int],
+    batch_size: int,
+    resamples: int,
+    seed: int,
+    units: tuple[int, ...] | None = None,
 ) -> IdentityProbe:
     """The identity probe of `model` on `ids` (S×T), each row's first token replaced by each of `candidates`: as it
     is, then with the reads of key 0 removed in its sink heads, those of α₀ > ε on the same variants (the
@@ -133,7 +142,7 @@ def probe_identity(
     if any(sinks.values()):
         edits = Interventions(remove_sink_reads="auto").attention_edits(sinks)
         removed = 100 * identity_accuracy(variant_states(model, ids, candidates, PROBE_POSITIONS, batch_size, edits))
-    return IdentityProbe(accuracy, removed, sinks, resamples, seed)
+    return IdentityProbe(accuracy, removed, sinks, resamples, seed, units)
 
 
 def measure_probe(repro: Reproduction, role: RoleName, sample: str) -> IdentityProbe:
@@ -141,11 +150,13 @@ def measure_probe(repro: Reproduction, role: RoleName, sample: str) -> IdentityP
     model = repro.plan.roles[role].model
     loaded = repro.model(model)
     config = repro.config(role, seq_len=FINGERPRINT_SEQ_LEN, num_seqs=repro.plan.fingerprint_seqs, bos="off")
-    ids = repro.sample(model, config, sample).ids
+    batch = repro.sample(model, config, sample)
     vocab = loaded.facts.vocab_size
     candidates = [source_token(loaded.tokenizer, word, vocab, "C6's first token") for word in FIRST_TOKENS]
-    measure = config.measure
-    return probe_identity(loaded.model, ids, candidates, repro.plan.batch_size, measure.bootstrap, measure.seed)
+    measure, units = config.measure, resampling_units(batch.documents)
+    return probe_identity(
+        loaded.model, batch.ids, candidates, repro.plan.batch_size, measure.bootstrap, measure.seed, units
+    )
 
 
 @torch.no_grad()
@@ -182,6 +193,7 @@ class C6(ClaimModule):
         "inputs with an auto-prepended BOS, varying with the token otherwise."
     )
     roles = FINGERPRINT_ROLES
+    words = FIRST_TOKENS
     criterion = C6_CRITERION
     method = (
         "Identity probe (docs/method.md §8, §13): each sequence run with each of K named first tokens, the hidden "

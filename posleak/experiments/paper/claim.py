@@ -30,6 +30,9 @@ class ClaimModule(ABC):
     method: ClassVar[str]
     roles: ClassVar[tuple[RoleName, ...]]  # the roles whose models the claim reads (claims.json names them)
     family_wise: ClassVar[str] = HOLM  # how its deciding rows give a sample's verdict (verdict.judge)
+    # words the claim puts into its models' inputs as one token each: every role's tokenizer must keep each whole,
+    # checked before any work (posleak.experiments.paper.models.word_problems)
+    words: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, repro: Reproduction) -> None:
         self.repro = repro

@@ -67,7 +67,8 @@ def _joined(claims: Mapping[str, Claim]) -> Claim:
         names = {sample: f"{corpus} {sample}" for sample in claim.samples}
         joined.samples |= {names[s]: judgement for s, judgement in claim.samples.items()}
         joined.numbers |= {names[s]: numbers for s, numbers in claim.numbers.items()}
-        joined.corpora[corpus] = {**claim.corpora[corpus], "samples": list(names.values())}
+        documents = {f"{corpus} {s}": titles for s, titles in claim.corpora[corpus].get("documents", {}).items()}
+        joined.corpora[corpus] = {**claim.corpora[corpus], "samples": list(names.values()), "documents": documents}
         joined.tables += [dataclasses.replace(t, title=f"{corpus}: {t.title}") for t in claim.tables]
         joined.figures += [FigureBlock(_path(f), f"corpus {corpus}") for f in claim.figures]
         papers.append(f"On {corpus}: {claim.paper}")

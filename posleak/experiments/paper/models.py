@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from posleak.errors import PosleakError
 from posleak.experiments.paper.plan import BOS_ROLES, ROLE_NAMES, Plan, RoleName, role_for
@@ -40,6 +40,9 @@ from posleak.models.facts import ModelFacts
 from posleak.models.load import load_error, model_files
 from posleak.store.specfile import SpecFormat
 from posleak.validate import Problems
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 SIZE_KEYS = ("seq_len", "num_seqs")
 # The plan's sizes a file's `base` may set, by the kind of value each takes.
@@ -288,7 +291,35 @@ def _declared_bos(folder: Path) -> bool | None:
 
 
 def _tokenizer_bos(source: str, trust_remote_code: bool, where: dict[str, str]) -> bool:
+    return _tokenizer(source, trust_remote_code, where).bos_token_id is not None
+
+
+def _tokenizer(source: str, trust_remote_code: bool, where: dict[str, str]) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **where)
-    return tokenizer.bos_token_id is not None
+    return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **where)
+
+
+def word_problems(plan: Plan, words: Mapping[RoleName, Sequence[str]]) -> list[str]:
+    """Every word of `words` (per role: those its claims put into the inputs as one token, `ClaimModule.words`)
+    that the tokenizer of the role's model splits, found from the tokenizers alone, before any work; each model's
+    tokenizer read once, side by side."""
+    wanted: dict[str, dict[str, None]] = {}  # per model spec, its words in order, each once
+    for role, role_words in words.items():
+        wanted.setdefault(plan.roles[role].model, {}).update(dict.fromkeys(role_words))
+    with ThreadPoolExecutor(max(1, len(wanted))) as pool:
+        split = dict(zip(wanted, pool.map(_split_words, wanted, [list(w) for w in wanted.values()]), strict=True))
+    return [
+        f"model {spec}: its tokenizer splits {', '.join(repr(w) for w in found)}, which the reproduction puts at "
+        "position 0 as one token each (C3's K/V patch, C6's first tokens); give the role a model whose tokenizer "
+        "keeps them whole"
+        for spec, found in split.items()
+        if found
+    ]
+
+
+def _split_words(spec: str, words: list[str]) -> list[str]:
+    """The words that the tokenizer of `spec` encodes to more than one token (no special tokens)."""
+    source, gguf = model_files(spec, False, download=False)
+    tokenizer = _tokenizer(source, False, {"gguf_file": gguf} if gguf else {})
+    return [word for word in words if len(tokenizer.encode(word, add_special_tokens=False)) != 1]

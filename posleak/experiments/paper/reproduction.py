@@ -1,9 +1,10 @@
 """The job plumbing of `posleak paper`: the analyses the claims share, run or resumed as `AnalysisJob`s into
 OUT/runs on a backend, and their results per sample as one typed record.
 
-Every analysis runs on each of two disjoint samples of sequences (A and B): the sequences of each model are
-drawn once and split in halves (posleak.experiments.batch). C3 chooses its heads on a third sample, disjoint from
-both (`SELECTION`).
+Every analysis runs on each of two samples of sequences (A and B) that share no document: the corpus's documents
+are dealt into three parts by the seed (posleak.data.batches.part_documents), A's sequences are windows of the
+first part's documents, B's of the second's, and C3 chooses its heads on the third (`SELECTION`). The deal does
+not depend on the model, so every model's sample A holds windows of the same documents.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from posleak.data.batches import TokenBatch
+from posleak.data.batches import TokenBatch, part_documents
+from posleak.data.corpus import load_corpus
 from posleak.data.kinds import NullKind
 from posleak.experiments.batch import AnalysisJob, ModelCache, draw_sequences, run_analyses
 from posleak.experiments.paper.plan import SAMPLES, Plan, Role, RoleName
@@ -28,10 +30,8 @@ BOS_KINDS = ("mean", "random", "zero")  # C5: what replaces the BOS's embedding
 NULL_KINDS: tuple[NullKind, ...] = ("shuffle", "shift")
 BASELINE_ROLES: tuple[RoleName, ...] = ("standard", "large-base", "sliding")  # the models C1, C2 (and C4) judge
 SELECTION = "selection"  # the sample C3's heads are chosen on, which judges nothing
-# Each sample's part of the sequences: (index, count) of count·N drawn once. A and B halve 2N as they always have;
-# the selection sample is the third of 3N, disjoint from both because a larger draw with the same seed extends the
-# smaller one (posleak.data.batches.make_sequences), and A and B keep their sequences (and their run folders).
-PARTS: dict[str, tuple[int, int]] = {"A": (0, 2), "B": (1, 2), SELECTION: (2, 3)}
+# Each sample's part of the corpus's documents (index, count): the recipe's `part`.
+PARTS: dict[str, tuple[int, int]] = {"A": (0, 3), "B": (1, 3), SELECTION: (2, 3)}
 
 
 class Reproduction:
@@ -64,13 +64,18 @@ class Reproduction:
         return analysis_config(self.plan, role, **changes)
 
     def job(self, name: str, model: str, config: AnalyzeConfig, sample: str) -> AnalysisJob:
-        """Analysis `name` of `model` on sample A, B or SELECTION (its part of the sequences, `PARTS`: disjoint by
-        construction), into OUT/runs/NAME-SAMPLE, its tables without a report of its own."""
+        """Analysis `name` of `model` on sample A, B or SELECTION (windows of its part of the documents, `PARTS`),
+        into OUT/runs/NAME-SAMPLE, its tables without a report of its own."""
         folder = self.out.path / "runs" / f"{name}-{sample}"
-        return AnalysisJob(f"{name}-{sample}", model, config, folder, part=PARTS[sample], report=False)
+        return AnalysisJob(f"{name}-{sample}", model, config.replace(part=PARTS[sample]), folder, report=False)
 
     def sample(self, model: str, config: AnalyzeConfig, sample: str) -> TokenBatch:
-        return draw_sequences(self.models, model, config, PARTS[sample])
+        return draw_sequences(self.models, model, config.replace(part=PARTS[sample]))
+
+    def documents(self, sample: str) -> list[str]:
+        """The titles of the documents whose windows make up sample A, B or SELECTION, for every model."""
+        corpus = load_corpus(self.plan.corpus)
+        return [corpus.titles[k] for k in part_documents(corpus, PARTS[sample], self.config("standard").recipe.seed)]
 
     def run(self, jobs: list[AnalysisJob]) -> list[AnalysisResult]:
         """The result of every job, in order: finished ones read back, the others run on the backend."""

@@ -16,10 +16,10 @@ from posleak.experiments.paper.c5 import C5
 from posleak.experiments.paper.c6 import C6
 from posleak.experiments.paper.claim import ClaimModule
 from posleak.experiments.paper.corpora import corpus_folder, corpus_problems, side_by_side
-from posleak.experiments.paper.models import role_problems
-from posleak.experiments.paper.plan import QUICK, SAMPLES, SHOWN, Plan
+from posleak.experiments.paper.models import role_problems, word_problems
+from posleak.experiments.paper.plan import QUICK, SAMPLES, SHOWN, Plan, RoleName
 from posleak.experiments.paper.report import write_outputs, write_top
-from posleak.experiments.paper.reproduction import Reproduction, SampleRuns, run_shared
+from posleak.experiments.paper.reproduction import SELECTION, Reproduction, SampleRuns, run_shared
 from posleak.experiments.paper.verdict import Claim
 from posleak.report.html import TableBlock
 from posleak.runner import backend_problems
@@ -78,7 +78,18 @@ def reproduction_problems(out: Path | str, plan: Plan, backend: str = "local") -
     backend, the corpora (posleak.experiments.paper.corpora) and the models in their roles (from their configs and
     tokenizers, posleak.experiments.paper.models)."""
     problems = out_folder_problems(out) + plan.placement.problems() + backend_problems(backend)
-    return problems + corpus_problems(plan) + role_problems(plan)
+    problems += corpus_problems(plan) + role_problems(plan)
+    # the tokenizers are parsed (seconds each) only for a plan that passes every other check
+    return problems or word_problems(plan, claim_words())
+
+
+def claim_words() -> dict[RoleName, list[str]]:
+    """Per role, the words the claims that read it put into its model's inputs as one token each."""
+    words: dict[RoleName, list[str]] = {}
+    for claim in CLAIMS:
+        for role in claim.roles:
+            words.setdefault(role, []).extend(claim.words)
+    return words
 
 
 def judged(repro: Reproduction, modules: Sequence[ClaimModule], runs: Mapping[str, SampleRuns]) -> list[Claim]:
@@ -102,7 +113,8 @@ def judged(repro: Reproduction, modules: Sequence[ClaimModule], runs: Mapping[st
                 if module.name in set(behaviour["claim"]):
                     shown[module.name].append(behaviour_block(behaviour, module.name, sample))
     models = runs[SHOWN].models()
-    corpus = {repro.plan.corpus: {**runs[SHOWN].corpus(), "samples": list(SAMPLES)}}
+    documents = {sample: repro.documents(sample) for sample in [*SAMPLES, SELECTION]}
+    corpus = {repro.plan.corpus: {**runs[SHOWN].corpus(), "samples": list(SAMPLES), "documents": documents}}
     for module, claim in zip(modules, claims, strict=True):
         claim.models = {role: models[role] for role in module.roles}
         claim.corpora = dict(corpus)
