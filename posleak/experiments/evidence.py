@@ -103,7 +103,7 @@ def sequence_mean(values: torch.Tensor, resamples: int, seed: int, units: tuple[
     documents, posleak.measure.bootstrap; None: each sequence its own) with `seed`: two quantities of the same
     sequences and seed draw the same resamples, so they pair."""
     x = values.double()
-    weights = resample_weights(x.shape[0], resamples, seed, None if units is None else torch.tensor(units))
+    weights = resample_weights(x.shape[0], resamples, seed, units)
     return Estimate(float(x.mean()), weights @ x / weights.sum(1))
 
 

@@ -150,8 +150,7 @@ def behaviour_table(
     num_seqs = int(base["seq"].max()) + 1
     weights = torch.ones(1, num_seqs, dtype=torch.float64)
     if resamples > 0:
-        drawn_by = None if units is None else torch.tensor(units)
-        weights = torch.cat([weights, resample_weights(num_seqs, resamples, seed, drawn_by)])
+        weights = torch.cat([weights, resample_weights(num_seqs, resamples, seed, units)])
     rows = []
     for name, (lo, hi) in buckets(seq_len, early).items():
         cell = joined[(joined["pos"] >= lo) & (joined["pos"] < hi)]

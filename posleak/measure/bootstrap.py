@@ -28,18 +28,18 @@ def resampling_units(documents: Sequence[str] | None) -> tuple[int, ...] | None:
     return tuple(number[title] for title in documents)
 
 
-def resample_weights(num_seqs: int, resamples: int, seed: int, units: torch.Tensor | None = None) -> torch.Tensor:
+def resample_weights(num_seqs: int, resamples: int, seed: int, units: Sequence[int] | None = None) -> torch.Tensor:
     """(resamples, num_seqs) float64 draw counts: each resample draws as many units as there are (default: each
     sequence is one) with replacement, and a sequence counts as often as its unit was drawn. Seeded, so two runs
     on the same sequences (a baseline and an intervention) resample them identically; with every sequence its own
     unit the draw is the same as without units."""
-    units = torch.arange(num_seqs) if units is None else units
-    count = int(units.max()) + 1
+    of = torch.arange(num_seqs) if units is None else torch.as_tensor(units).cpu()
+    count = int(of.max()) + 1
     generator = torch.Generator().manual_seed(seed)
     draws = torch.randint(count, (resamples, count), generator=generator)
     drawn = torch.zeros(resamples, count, dtype=torch.float64)
     drawn.scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64))
-    return drawn[:, units.cpu()]
+    return drawn[:, of]
 
 
 def percentile_interval(samples: torch.Tensor, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:

@@ -78,13 +78,8 @@ class MeasureSpec:
             raise ValueError(f"{len(self.units)} resampling units for {self.num_seqs} sequences")
 
     @property
-    def unit_of(self) -> torch.Tensor:
-        """The resampling unit of each sequence, (N,)."""
-        return torch.arange(self.num_seqs) if self.units is None else torch.tensor(self.units)
-
-    @property
     def num_units(self) -> int:
-        return int(self.unit_of.max()) + 1
+        return self.num_seqs if self.units is None else len(set(self.units))
 
     @property
     def ranges(self) -> dict[str, tuple[int, int]]:
@@ -109,7 +104,7 @@ class MeasureSpec:
         draws (few sequences give many) have identical magnitudes, so each is computed once."""
         if self.bootstrap_note is not None:
             return None
-        weights = resample_weights(self.num_seqs, self.resamples, self.seed, self.unit_of)
+        weights = resample_weights(self.num_seqs, self.resamples, self.seed, self.units)
         distinct, drawn = weights.unique(dim=0, return_inverse=True)
         return distinct, drawn
 
@@ -167,7 +162,7 @@ def measure_layer(capture: LayerCapture, spec: MeasureSpec) -> LayerResult:
     ranges = spec.ranges
     boundaries = segment_boundaries(spec.seq_len, ranges)
     rows = shift_queries(ranges, spec.shift_queries)
-    sums = sum_layer(capture, boundaries, spec.table_grid, spec.path, rows, halves(spec.num_seqs, spec.unit_of))
+    sums = sum_layer(capture, boundaries, spec.table_grid, spec.path, rows, halves(spec.num_seqs, spec.units))
     # the point estimate is the weighting of all ones, computed with the distinct resamples in one pass
     weights = torch.ones(1, spec.num_seqs, dtype=torch.float64)
     resampling = spec.resampling()

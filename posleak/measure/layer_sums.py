@@ -93,13 +93,13 @@ class LayerSums:
         return [s for s, start in enumerate(self.boundaries[:-1]) if lo <= start < hi]
 
 
-def halves(num_seqs: int, units: torch.Tensor | None = None) -> torch.Tensor:
+def halves(num_seqs: int, units: Sequence[int] | None = None) -> torch.Tensor:
     """The half of each sequence, (N,), by its resampling unit (posleak.measure.bootstrap; default: each sequence
     its own): of C units in order of first appearance, 0 = A (unit < ⌊C/2⌋), 1 = B (the next ⌊C/2⌋), −1 = the odd
     last one. The halves share no document, so their noise is independent."""
-    units = torch.arange(num_seqs) if units is None else units
-    half = (int(units.max()) + 1) // 2
-    return torch.where(units < half, 0, torch.where(units < 2 * half, 1, -1))
+    of = torch.arange(num_seqs) if units is None else torch.as_tensor(units)
+    half = (int(of.max()) + 1) // 2
+    return torch.where(of < half, 0, torch.where(of < 2 * half, 1, -1))
 
 
 def segment_boundaries(seq_len: int, ranges: dict[str, tuple[int, int]]) -> tuple[int, ...]:
