@@ -88,7 +88,8 @@ def _add_paper_parser(sub: argparse._SubParsersAction) -> None:
         "--render-docs",
         metavar="RUN",
         help="run nothing: copy a finished reproduction's claims.json and figures into docs/results/ and write the "
-        "README's verdict table and docs/results.md from them (in the current folder, a checkout of posleak)",
+        "README's verdict table and docs/results.md from them (in the current folder, a checkout of posleak); a run "
+        "of another plan than --quick goes to docs/results/PLAN/ and docs/results-PLAN.md",
     )
     add_backend_options(paper, "analyses and lab trials")
     add_placement_options(paper, defaults=True)

@@ -4,6 +4,9 @@ docs/results.md (`posleak paper --render-docs RUN`).
 A reproduction's claims.json and figures are copied into `docs/results/`; the verdict table between the README's
 two markers and the whole of docs/results.md are written from that copy alone, so that a test can render them
 again from the claims.json the README names and find them equal. Nothing in either is typed by hand.
+
+The README's table is the plan `make run` runs (`--quick`); a run of any other plan (its manifest names it) is
+rendered beside it, into docs/results/PLAN/ and docs/results-PLAN.md, and leaves the README's table alone.
 """
 
 from __future__ import annotations
@@ -16,13 +19,16 @@ from pathlib import Path
 import pandas as pd
 
 from posleak.errors import BadInput
+from posleak.experiments.batch import safe_name
 from posleak.experiments.paper.claim import ClaimModule
 from posleak.experiments.paper.corpora import CORPORA
+from posleak.experiments.paper.plan import QUICK
 from posleak.experiments.paper.run import CLAIMS
 from posleak.experiments.paper.verdict import SAYS, Claim, Judgement, quoted
 from posleak.store import atomic_write
 
 RESULTS = Path("docs") / "results"
+README_PLAN = QUICK.name  # the plan of `make run`, whose verdicts the README shows
 BEGIN = "<!-- verdicts: generated from {source} by `posleak paper --render-docs`; do not edit -->"
 END = "<!-- end of verdicts -->"
 
@@ -97,10 +103,22 @@ def _evidence(judgement: Judgement) -> str:
     return "\n".join(lines)
 
 
-def results_page(claims: Sequence[Claim], source: Path, figures: Sequence[Path]) -> str:
-    """docs/results.md: every claim's criterion, verdicts and full evidence in both samples, and its figures."""
+def results_home(plan: str) -> tuple[Path, Path]:
+    """Where a run of `plan` is rendered, relative to the checkout: its page and the folder of its claims.json and
+    figures. The README's plan: docs/results.md and docs/results/; any other: docs/results-PLAN.md and
+    docs/results/PLAN/."""
+    if plan == README_PLAN:
+        return Path("docs") / "results.md", RESULTS
+    name = safe_name(plan) or "plan"
+    return Path("docs") / f"results-{name}.md", RESULTS / name
+
+
+def results_page(claims: Sequence[Claim], source: Path, figures: Sequence[Path], plan: str = README_PLAN) -> str:
+    """The page of a run of `plan` (docs/results.md for the README's plan): every claim's criterion, verdicts and
+    full evidence in both samples, and its figures."""
+    title = "# What the reproduction found" + ("" if plan == README_PLAN else f": the `{plan}` plan")
     out = [
-        "# What the reproduction found",
+        title,
         "",
         f"Generated from [{source.name}]({source.relative_to('docs')}) by `posleak paper --render-docs`; do not edit. "
         "Each claim is judged on two disjoint samples (A and B) by the criterion written in its module before the "
@@ -131,34 +149,49 @@ def _on_corpora(claims: Sequence[Claim]) -> str:
 
 
 def render_docs(run: Path, root: Path) -> list[Path]:
-    """Copy `run`'s claims.json and figures into root/docs/results, then write the README's table and
-    docs/results.md from the copy; returns the files written. Refuses, writing nothing, a run without claims.json
-    or a README without the two markers."""
+    """Copy `run`'s claims.json and figures into the results folder of its plan (`results_home`, the plan read
+    from its manifest), then write that plan's page from the copy, and for the README's plan the README's table;
+    returns the files written. Refuses, writing nothing, a run without claims.json or a manifest that names its
+    plan, or (for the README's plan) a README without the two markers."""
     readme = root / "README.md"
     text = readme.read_text() if readme.is_file() else ""
-    problems = (
-        [f"{run}: no claims.json (a folder written by posleak paper)"] if not (run / "claims.json").is_file() else []
-    )
+    problems = []
+    if not (run / "claims.json").is_file():
+        problems.append(f"{run}: no claims.json (a folder written by posleak paper)")
+    plan = _plan_of(run)
+    if plan is None:
+        problems.append(f"{run}: no manifest.json naming its plan (a folder written by posleak paper)")
     start = text.find(BEGIN.split("{source}")[0])
-    if start < 0 or END not in text[start:]:
+    if plan in (README_PLAN, None) and (start < 0 or END not in text[start:]):
         problems.append(f"{readme}: no verdict table markers ({BEGIN.format(source='…')} … {END})")
-    if problems:
+    if problems or plan is None:
         raise BadInput(problems)
-    results = root / RESULTS
+    page, home = results_home(plan)
+    results = root / home
     (results / "figures").mkdir(parents=True, exist_ok=True)
     if (run / "claims.json").resolve() != (results / "claims.json").resolve():
         shutil.copyfile(run / "claims.json", results / "claims.json")
         for figure, target in run_figures(run):
             (results / "figures" / target).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(figure, results / "figures" / target)
-    source = RESULTS / "claims.json"
+    source = home / "claims.json"
     claims = read_claims(root / source)
     figures = sorted(p.relative_to(root) for p in (results / "figures").rglob("*.png"))
-    _write_text(root / "docs" / "results.md", results_page(claims, source, figures))
+    _write_text(root / page, results_page(claims, source, figures, plan))
+    if plan != README_PLAN:
+        return [root / page, results / "claims.json"]
     end = text.index(END, start)
     table = f"{BEGIN.format(source=source)}\n{verdict_table(claims)}\n"
     _write_text(readme, text[:start] + table + text[end:])
-    return [readme, root / "docs" / "results.md", results / "claims.json"]
+    return [readme, root / page, results / "claims.json"]
+
+
+def _plan_of(run: Path) -> str | None:
+    """The name of the plan a reproduction ran, from its manifest; None where it has none that says."""
+    try:
+        return json.loads((run / "manifest.json").read_text())["plan"]["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def run_figures(run: Path) -> list[tuple[Path, Path]]:
