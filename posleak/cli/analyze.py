@@ -321,7 +321,7 @@ def _paper(args: argparse.Namespace) -> int:
     start = dataclasses.replace(FULL if args.full else QUICK, placement=placement_from(args))
     plan, problems = paper_plan(start, args.models, args.plan, args.corpus)
     if problems:  # with every other problem of the run, before any work
-        raise BadInput(problems + reproduction_problems(Path(args.out), plan, args.backend))
+        raise BadInput(reproduction_problems(Path(args.out), plan, args.backend, found=problems))
     claims = reproduce(Path(args.out), plan, backend=args.backend, address=args.address)
     print(f"wrote {args.out}: report.html, claims.json, runs/", file=sys.stderr)
     print("\n".join(paper_lines(claims)))

@@ -73,13 +73,14 @@ def _reproduce_on(repro: Reproduction) -> list[Claim]:
     return claims
 
 
-def reproduction_problems(out: Path | str, plan: Plan, backend: str = "local") -> list[str]:
+def reproduction_problems(out: Path | str, plan: Plan, backend: str = "local", found: Sequence[str] = ()) -> list[str]:
     """Every problem that stops `reproduce`, found before any work: the output folder, the placement, the
     backend, the corpora (posleak.experiments.paper.corpora) and the models in their roles (from their configs and
-    tokenizers, posleak.experiments.paper.models)."""
-    problems = out_folder_problems(out) + plan.placement.problems() + backend_problems(backend)
+    tokenizers, posleak.experiments.paper.models), after `found` (the plan's own problems, which the caller has)."""
+    problems = [*found, *out_folder_problems(out), *plan.placement.problems(), *backend_problems(backend)]
     problems += corpus_problems(plan) + role_problems(plan)
-    # the tokenizers are parsed (seconds each) only for a plan that passes every other check
+    # the tokenizers are parsed (seconds of CPU each, Gemma's the most) only for a plan that passes every other
+    # check: a run already refused is not kept waiting for one more line
     return problems or word_problems(plan, claim_words())
 
 
