@@ -7,7 +7,7 @@ and `measure_layer` with `MeasureSpec(seq_len=T, num_seqs=N, table_grid=Grid(T, 
 for a windowed shape), timed once after one untimed warm-up of both ways of summing at a small size (T = 256,
 N = 2: thread pools, FFT plans and kernel choices are one-time costs). `measure_layer` is handed the capture
 on the device that made it, as the in-forward path would hand it (issue 24, items 2 and 3): on a GPU that
-needs a posleak whose measurement runs on the device. N ≥ 2 (the noise correction compares two halves).
+needs a posleak whose measurement runs on the device. N ≥ 2 (the noise correction pairs distinct sequences).
 
 Printed per row: seconds per layer; the achieved float64 GFLOP/s, the operation count below over those seconds,
 against the device's peak, measured on the spot as the best of a few float64 n × n matmuls on that device
@@ -42,8 +42,9 @@ window), b = 128 positions per Gram block, A = ⌈T / b⌉ blocks, c = the grid'
   materialised (layer_sums._materialised), per block of r query rows (N·H·r·W ≤ 2²¹ logits, r ≤ 64) ending at
   q1: logits 2·N·H·D·r·(r + min(q1, W) − 1) and Gram 2·N²·H·r·min(q1, W);
   both paths, the attention shift (posleak/measure/shift.py), per block of its sampled rows (shift.row_blocks)
-  against the k keys from the first row's first valid key to the last row: 2·H·rows·k·(N·D + 5), the mean
-  logits of the halves (N·D wide in all) and five row-wise dot products.
+  against the k keys from the first row's first valid key to the last row: 2·H·rows·k·(N·D + C + 3), the mean
+  logits of each of the C documents (N·D wide in all; here C = N, each sequence its own) and C + 3 row-wise dot
+  products (one per document, which its own pair leaves out, the raw form's and the two sums over pairs).
 Every term but the FFTs and the rows' products is a matrix product whose count tests/test_benchmarks.py checks
 against torch's own FlopCounterMode. The elementwise passes (prefix sums, masks, casts, binning) are not
 counted: they are bound by memory, not arithmetic, so the GFLOP/s is the rate of the arithmetic above, a lower
@@ -197,7 +198,7 @@ def _shift_work(shape: Shape, spec: MeasureSpec) -> float:
     total = 0.0
     for start, end in row_blocks(rows, shape.heads):
         keys = int(rows[end - 1]) + 1 - max(0, int(rows[start]) - window + 1)
-        total += 2 * shape.heads * (end - start) * keys * (spec.num_seqs * shape.head_dim + 5)
+        total += 2 * shape.heads * (end - start) * keys * (spec.num_seqs * (shape.head_dim + 1) + 3)
     return total
 
 

@@ -5,7 +5,11 @@ with no absolute position; for a planted effect (a sink at key 0, a term in i·j
 with many sequences, taken here as the mean over a few layers of `--truth-seqs` sequences. Each draw measures a
 fresh layer of N sequences with `--bootstrap` resamples and asks whether the interval holds the truth.
 
-    python scripts/interval_coverage.py --num-seqs 4 8 16 --draws 200 --out docs/results/coverage.csv
+Two layouts of the sequences: one window per document (what `posleak paper` draws), and two windows of each of
+N/2 documents that share half their q and k (windows of one text share its topic and style), where the noise
+correction's pairs and the bootstrap's draws go by document.
+
+    python scripts/interval_coverage.py --num-seqs 4 8 16 32 --draws 200 --out docs/results/interval_coverage.csv
 
 prints one line per (setting, N, magnitude) and writes the table, with a Markdown summary beside it (.md).
 """
@@ -28,10 +32,14 @@ SETTINGS = {
     "term in i·j": Planted(sigma=2.0, product=1.0),
 }
 NAMES = ("resid_all", "resid_early", "mask_all")
+# windows per document and the share of a window's q and k variance its document gives it
+LAYOUTS = {"one window per document": (1, 0.0), "2 windows per document, half shared": (2, 0.5)}
 
 
 def measured(planted: Planted, seed: int, resamples: int) -> Decomposition:
-    spec = MeasureSpec(planted.seq_len, planted.num_seqs, Grid(planted.seq_len), resamples=resamples, seed=seed)
+    spec = MeasureSpec(
+        planted.seq_len, planted.num_seqs, Grid(planted.seq_len), resamples=resamples, seed=seed, units=planted.units
+    )
     return Decomposition.of([measure_layer(planted_layer(planted, seed), spec)], spec)
 
 
@@ -69,11 +77,27 @@ def main() -> None:
     for setting, planted in SETTINGS.items():
         planted = dataclasses.replace(planted, seq_len=args.seq_len)
         truths = {name: truth(planted, name, args.truth_seqs, args.truth_layers) for name in NAMES}
-        for n in args.num_seqs:
-            shares = coverage(dataclasses.replace(planted, num_seqs=n), truths, args.draws, args.bootstrap)
-            for name, share in shares.items():
-                rows.append(dict(setting=setting, num_seqs=n, magnitude=name, truth=truths[name], coverage=share))
-                print(f"{setting:24s} N={n:3d} {name:12s} truth {truths[name]:.4f}  coverage {share:.3f}", flush=True)
+        for layout, (windows, shared) in LAYOUTS.items():
+            for n in args.num_seqs:
+                documents = n // windows if windows > 1 else 0  # 0: each sequence its own document
+                drawn = dataclasses.replace(planted, num_seqs=n, documents=documents, shared=shared)
+                shares = coverage(drawn, truths, args.draws, args.bootstrap)
+                for name, share in shares.items():
+                    rows.append(
+                        dict(
+                            setting=setting,
+                            layout=layout,
+                            documents=documents or n,
+                            num_seqs=n,
+                            magnitude=name,
+                            truth=truths[name],
+                            coverage=share,
+                        )
+                    )
+                    print(
+                        f"{setting:24s} {layout:36s} N={n:3d} {name:12s} truth {truths[name]:.4f} coverage {share:.3f}",
+                        flush=True,
+                    )
     table = pd.DataFrame(rows).assign(seq_len=args.seq_len, draws=args.draws, bootstrap=args.bootstrap)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -82,18 +106,19 @@ def main() -> None:
 
 
 def summary(table: pd.DataFrame) -> str:
-    """Coverage by N (rows) and magnitude (columns), each cell the range over the settings."""
-    cells = table.groupby(["num_seqs", "magnitude"])["coverage"].agg(["min", "max"])
+    """Coverage by layout and N (rows) and magnitude (columns), each cell the range over the settings."""
+    cells = table.groupby(["layout", "num_seqs", "documents", "magnitude"])["coverage"].agg(["min", "max"])
     wide = cells.apply(lambda r: f"{100 * r['min']:.1f}–{100 * r['max']:.1f}%", axis=1).unstack("magnitude")
     first = table.iloc[0]
     lines = [
         f"Coverage of 95% intervals on planted layers (T = {first.seq_len}, {first.draws} draws, "
         f"{first.bootstrap} resamples; range over {table.setting.nunique()} settings), scripts/interval_coverage.py",
         "",
-        "| N | " + " | ".join(NAMES) + " |",
-        "|---|" + "---|" * len(NAMES),
+        "| layout | N | documents | " + " | ".join(NAMES) + " |",
+        "|---|---|---|" + "---|" * len(NAMES),
     ]
-    lines += [f"| {n} | " + " | ".join(wide.loc[n, name] for name in NAMES) + " |" for n in wide.index]
+    for (layout, n, documents), row in wide.iterrows():
+        lines.append(f"| {layout} | {n} | {documents} | " + " | ".join(row[name] for name in NAMES) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -203,51 +203,55 @@ def _softmax(row: np.ndarray) -> np.ndarray:
     return weights / weights.sum(axis=-1, keepdims=True)
 
 
-def _shift(
-    s: np.ndarray, g: np.ndarray, valid: np.ndarray, halves: tuple[list, list], rows: list[int]
-) -> dict[str, np.ndarray]:
+def _shift(s: np.ndarray, g: np.ndarray, valid: np.ndarray, units: list, rows: list[int]) -> dict[str, np.ndarray]:
     """The attention shift of docs/method.md §7 over `rows`, each (H,): for each query, with p the softmax over the
-    valid keys of the mean logits (of all sequences, of each half) and q that of g, the symmetrised KL
-    ½ Σ (p − q)(log p − log q) and the TV ½ Σ |p − q| of all sequences (raw), and across the halves
-    ½ Σ (p_A − q)(log p_B − log q) (and B against A, averaged) and ¼ Σ [(p_A − q) sign(p_B − q) + (B, A)]."""
-    num_seqs = s.shape[0]
+    valid keys of the mean logits (of all sequences, of each document's) and q that of g, the symmetrised KL
+    ½ Σ (p − q)(log p − log q) and the TV ½ Σ |p − q| of all sequences (raw), and over every ordered pair of
+    distinct documents u ≠ v, weighted by their numbers of sequences, ½ Σ (p_u − q)(log p_v − log q) and
+    ½ Σ (p_u − q) sign(p_v − q), one pair at a time."""
+    documents = list(dict.fromkeys(units))
+    members = {u: [k for k, unit in enumerate(units) if unit == u] for u in documents}
     per_row = []
     for i in rows:
         keys = valid[i]
         q = _softmax(g[:, keys])
-        groups = (list(range(num_seqs)), *halves)
         row = s[:, :, i]  # a view: indexing s by a group first would copy every query's logits
-        ps = [_softmax(row[group][:, :, keys].mean(axis=0)) if group else None for group in groups]
+        p_all = _softmax(row[:, :, keys].mean(axis=0))
+        p = {u: _softmax(row[members[u]][:, :, keys].mean(axis=0)) for u in documents}
+        kl, tv, weight = np.zeros(q.shape[0]), np.zeros(q.shape[0]), 0.0
+        for u in documents:
+            for v in documents:
+                if u != v:
+                    pair = len(members[u]) * len(members[v])
+                    kl += pair * 0.5 * ((p[u] - q) * np.log(p[v] / q)).sum(axis=1)
+                    tv += pair * 0.5 * ((p[u] - q) * np.sign(p[v] - q)).sum(axis=1)
+                    weight += pair
         nan = np.full(q.shape[0], np.nan)
-        stats = [0.5 * ((ps[0] - q) * np.log(ps[0] / q)).sum(axis=1), nan, nan, 0.5 * np.abs(ps[0] - q).sum(1), nan]
-        if ps[1] is not None and ps[2] is not None:
-            da, db = ps[1] - q, ps[2] - q
-            stats[1] = 0.5 * (da * np.log(ps[2] / q)).sum(axis=1)
-            stats[2] = 0.5 * (db * np.log(ps[1] / q)).sum(axis=1)
-            stats[4] = 0.25 * (da * np.sign(db) + db * np.sign(da)).sum(axis=1)
-        per_row.append(stats)
-    kl_all, kl_ab, kl_ba, tv_all, tv_halves = np.mean(per_row, axis=0)
-    return {"kl": (kl_ab + kl_ba) / 2, "kl_raw": kl_all, "tv": tv_halves, "tv_raw": tv_all}
+        pairs = (kl / weight, tv / weight) if weight else (nan, nan)
+        kl_all = 0.5 * ((p_all - q) * np.log(p_all / q)).sum(axis=1)
+        per_row.append([kl_all, pairs[0], 0.5 * np.abs(p_all - q).sum(1), pairs[1]])
+    kl_all, kl_pairs, tv_all, tv_pairs = np.mean(per_row, axis=0)
+    return {"kl": kl_pairs, "kl_raw": kl_all, "tv": tv_pairs, "tv_raw": tv_all}
 
 
 def reference_layer(
     layer: RecordedLayer,
     early: int,
     sequences: Sequence[int] | None = None,
-    halves: tuple[list, list] | None = None,
+    units: Sequence[object] | None = None,
     beyond: int | None = None,
     shift: bool = False,
 ) -> LayerReference:
-    """The definitions on the recorded sequences `sequences` (indices, repeats allowed; default all in
-    order); halves A and B default to the first ⌊N/2⌋ and the next ⌊N/2⌋ of them. The attention shift (NaN
+    """The definitions on the recorded sequences `sequences` (indices, repeats allowed; default all in order), the
+    k-th of them from document `units[k]` (default: each its own, a repeat the same as its original). The
+    noise-corrected magnitudes are the mean, over every ordered pair of listed sequences of distinct documents, of
+    the covariance of their own c and w (each sequence's from its own g), signed-rooted. The attention shift (NaN
     unless `shift`) forms every sampled row's softmax."""
     all_logits, all_log_z = layer.materialised()
     order = list(range(all_logits.shape[0])) if sequences is None else list(sequences)
+    units = list(order) if units is None else list(units)
     logits, log_z = all_logits[order], all_log_z[order]
     num_seqs, heads, seq_len, _ = logits.shape
-    if halves is None:
-        half = num_seqs // 2
-        halves = (list(range(half)), list(range(half, 2 * half)))
     s = by_offset(logits)  # (N, H, i, d)
     valid = ~np.isnan(s[0, 0])
     with warnings.catch_warnings():  # offsets beyond a window have no pair: their g is NaN
@@ -268,13 +272,14 @@ def reference_layer(
             return np.full((heads, seq_len), np.nan), np.full((heads, seq_len, seq_len), np.nan)
         with warnings.catch_warnings():  # offsets beyond a window have no pair
             warnings.simplefilter("ignore", RuntimeWarning)
-            own_g = np.nanmean(s[rows], axis=(0, 2))  # g of these sequences: each half's w is its own estimate
+            own_g = np.nanmean(s[rows], axis=(0, 2))  # g of these sequences alone: each w is its own estimate
         deviation = np.mean([s[n] - log_z[n][:, :, None] for n in rows], axis=0) - own_g[:, None, :]
         c = np.zeros((heads, seq_len)) if layer.sigmoid else np.nanmean(deviation, axis=2)  # sigmoid: no row term
         return c, deviation - c[:, :, None]
 
     c, w = by_rows(list(range(num_seqs)))
-    (c_a, w_a), (c_b, w_b) = by_rows(halves[0]), by_rows(halves[1])
+    own = [by_rows([k]) for k in range(num_seqs)]  # each sequence's own c and w
+    pairs = [(k, m) for k in range(num_seqs) for m in range(num_seqs) if units[k] != units[m]]
     magnitudes = {name: np.full(heads, np.nan) for name in (*MAGNITUDES, *SHIFTS)}  # NaN where a range does not exist
     for name, (lo, hi) in query_ranges(seq_len, early, beyond).items():
         inside = valid.copy()
@@ -294,12 +299,17 @@ def reference_layer(
         magnitudes[f"mask_{name}_raw"] = np.sqrt(np.maximum(0.0, cov(per_pair(c), per_pair(c))))
         magnitudes[f"mask_count_{name}"] = np.sqrt(np.maximum(0.0, cov(per_pair(m_count), per_pair(m_count))))
         magnitudes[f"resid_{name}_raw"] = np.sqrt(np.maximum(0.0, cov(w, w)))
-        with np.errstate(invalid="ignore"):
-            for kind, (x, y) in {"resid": (w_a, w_b), "mask": (per_pair(c_a), per_pair(c_b))}.items():
-                covariance = cov(x, y)
-                magnitudes[f"{kind}_{name}"] = np.sign(covariance) * np.sqrt(np.abs(covariance))
+        for kind in ("resid", "mask"):
+            if not pairs:
+                magnitudes[f"{kind}_{name}"] = np.full(heads, np.nan)
+                continue
+            if kind == "resid":
+                covariance = np.mean([cov(own[k][1], own[m][1]) for k, m in pairs], axis=0)
+            else:
+                covariance = np.mean([cov(per_pair(own[k][0]), per_pair(own[m][0])) for k, m in pairs], axis=0)
+            magnitudes[f"{kind}_{name}"] = np.sign(covariance) * np.sqrt(np.abs(covariance))
         if shift and not layer.sigmoid:
-            for kind, value in _shift(s, g, valid, halves, sampled_queries(lo, hi)).items():
+            for kind, value in _shift(s, g, valid, units, sampled_queries(lo, hi)).items():
                 magnitudes[f"shift_{kind.replace('_raw', '')}_{name}{'_raw' if kind.endswith('_raw') else ''}"] = value
     key0 = np.where(np.isnan(logits[..., 0]), -np.inf, logits[..., 0])  # (N, H, T)
     attention_on_key0 = 1 / (1 + np.exp(-key0)) if layer.sigmoid else np.exp(key0 - log_z)

@@ -49,11 +49,12 @@ from posleak.measure import (
     bilinear,
     measure_layer,
     percentile_interval,
+    redrawn_resamples,
     resample_weights,
     resampling_units,
 )
 from posleak.measure.components import _log_cumulative_sum_exp
-from posleak.measure.layer_sums import halves, segment_boundaries, sum_layer
+from posleak.measure.layer_sums import segment_boundaries, sum_layer
 from posleak.measure.position0 import first_token_variants, identity_accuracy, variant_states
 from posleak.measure.regression import DesignMoments, delta_r2, running_sums
 
@@ -88,8 +89,8 @@ def test_analyze_matches_brute_force(family: str, grid: str) -> None:
 @pytest.mark.parametrize("family", ["mistral", "gemma2", "gpt_oss"])
 @pytest.mark.parametrize("num_seqs", [5, 1])
 def test_odd_and_single_sequences(family: str, num_seqs: int) -> None:
-    """N = 5: the last sequence is in neither half. N = 1: no halves, so the corrected magnitudes are
-    NaN in both (and the raw ones defined); batches of 3 end with a short one."""
+    """N = 5: an odd number of sequences, every one in the pairs. N = 1: no pair of distinct sequences, so the
+    corrected magnitudes are NaN in both (and the raw ones defined); batches of 3 end with a short one."""
     model = tiny_model(family)
     result, recorder = analyze_recorded(model, _ids(model, num_seqs), batch_size=3)
     assert_close(errors_of(result, recorder, exact=False), TOLERANCE)
@@ -363,14 +364,15 @@ def _captured(model: torch.nn.Module, ids: torch.Tensor, folder: Path) -> tuple[
 @pytest.mark.parametrize("family", ["mistral", "gpt_oss"])
 def test_bootstrap_equals_recomputing_each_resample_from_scratch(family: str, tmp_path: Path) -> None:
     """Each resample's magnitudes (from per-sequence sums and the Gram matrices) against the reference
-    recomputed on the resampled sequences themselves (repeats included, halves = the resampled copies of
-    each half), with the same weights; then the percentile intervals of the layer means."""
+    recomputed on the resampled sequences themselves (repeats included, each copy from its original's document, so
+    that the pairs of the noise correction leave out a sequence against its own copy), with the same weights; then
+    the percentile intervals of the layer means."""
     model = tiny_model(family)
     num_seqs, resamples = 6, 24
     captures, reference = _captured(model, _ids(model, num_seqs), tmp_path)
     spec = MeasureSpec(T, num_seqs, Grid(T), early=EARLY, resamples=resamples, seed=3, beyond=model_window(reference))
     weights = resample_weights(num_seqs, resamples, seed=3)
-    assert ((weights[:, :3].sum(1) == 0) | (weights[:, 3:].sum(1) == 0)).any()  # a resample with an empty half
+    assert (weights.max(1).values >= 2).any()  # a document drawn twice: its copies are no pair
     for layer in captures.layers():
         result = measure_layer(captures.layer(layer), spec)
         _, drawn = spec.resampling()  # type: ignore[misc]
@@ -379,8 +381,7 @@ def test_bootstrap_equals_recomputing_each_resample_from_scratch(family: str, tm
         allowance: dict[str, float] = {}
         for draw in weights.long().tolist():
             sequences = [n for n, times in enumerate(draw) for _ in range(times)]
-            halves = ([k for k, n in enumerate(sequences) if n < 3], [k for k, n in enumerate(sequences) if n >= 3])
-            ref = reference_layer(reference.layers[layer], EARLY, sequences, halves, beyond=spec.beyond)
+            ref = reference_layer(reference.layers[layer], EARLY, sequences, sequences, beyond=spec.beyond)
             for name in MAGNITUDES:
                 expected[name].append(ref.magnitudes[name])
                 allowance[name] = max(allowance.get(name, 0.0), magnitude_allowance(name, ref, reference.layers[layer]))
@@ -390,9 +391,7 @@ def test_bootstrap_equals_recomputing_each_resample_from_scratch(family: str, tm
             tolerance = 1e-5 if "beyond" in name else 1e-6
             assert relative_error(ours[name].numpy(), np.stack(expected[name]), allowance[name]) < tolerance, name
             lo, hi = percentile_interval(ours[name].mean(-1))
-            ref_means = np.stack(expected[name]).mean(-1)
-            finite = ref_means[np.isfinite(ref_means)]
-            expected_interval = np.quantile(finite, [0.025, 0.975])
+            expected_interval = np.quantile(np.stack(expected[name]).mean(-1), [0.025, 0.975])
             np.testing.assert_allclose([lo, hi], expected_interval, rtol=tolerance, atol=allowance[name])
 
 
@@ -411,14 +410,31 @@ def test_resample_weights_and_percentiles() -> None:
     assert weights.shape == (300, 7) and (weights.sum(1) == 7).all()
     assert torch.equal(weights, resample_weights(7, 300, seed=3))
     assert not torch.equal(weights, resample_weights(7, 300, seed=4))
-    lo, hi = percentile_interval(torch.tensor([[1.0, float("nan")], [2.0, float("nan")], [3.0, float("nan")]]), 0.5)
-    assert lo[0] == 1.5 and hi[0] == 2.5 and lo[1].isnan() and hi[1].isnan()
+    lo, hi = percentile_interval(torch.tensor([[1.0, float("nan")], [2.0, 5.0], [3.0, 6.0]]), 0.5)
+    assert lo[0] == 1.5 and hi[0] == 2.5 and lo[1].isnan() and hi[1].isnan()  # a NaN resample is never dropped
+
+
+def test_no_resample_holds_a_single_document() -> None:
+    """A draw of one document repeated has no pair of distinct documents: it is drawn again, never dropped. At
+    C = 2 half the draws are, at C = 4 about 1/64; each count is what the manifest records, and the draws that held
+    two documents from the start are kept as they were."""
+    for count, resamples in ((2, 400), (4, 2000), (8, 200)):
+        weights = resample_weights(count, resamples, seed=5)
+        assert ((weights > 0).sum(1) >= 2).all()
+        redrawn = redrawn_resamples(count, resamples, seed=5)
+        plain = torch.randint(count, (resamples, count), generator=torch.Generator().manual_seed(5))
+        single = plain.amin(1) == plain.amax(1)
+        assert redrawn >= int(single.sum())  # a draw again may itself be single, and is drawn once more
+        kept = torch.zeros(resamples, count, dtype=torch.float64).scatter_add_(
+            1, plain, torch.ones_like(plain, dtype=torch.float64)
+        )
+        assert torch.equal(weights[~single], kept[~single])
+    assert 150 < redrawn_resamples(2, 400, seed=5) < 600 and 10 < redrawn_resamples(4, 2000, seed=5) < 60
 
 
 def test_resampling_by_document() -> None:
     """Units are documents numbered by first appearance; a resample draws as many documents as there are, each
-    with all its sequences; with every sequence its own document the draw is the sequences' own; the halves of
-    the noise correction share no document."""
+    with all its sequences; with every sequence its own document the draw is the sequences' own."""
     documents = ("os", "re", "os", "json", "re", "os")
     units = resampling_units(documents)
     assert units == (0, 1, 0, 2, 1, 0)
@@ -429,11 +445,6 @@ def test_resampling_by_document() -> None:
         (drawn.sum(1) == 3).all() and (weights[:, 0] == weights[:, 2]).all() and (weights[:, 0] == weights[:, 5]).all()
     )
     assert torch.equal(resample_weights(6, 500, seed=3, units=torch.arange(6)), resample_weights(6, 500, seed=3))
-    half = halves(6, torch.tensor(units))
-    assert half.tolist() == [0, 1, 0, -1, 1, 0]  # three documents: os in A, re in B, the odd last (json) in neither
-    half = halves(6, torch.tensor((0, 1, 0, 2, 1, 3)))
-    assert half.tolist() == [0, 0, 0, 1, 0, 1]
-    assert halves(7).tolist() == [0, 0, 0, 1, 1, 1, -1]
 
 
 def test_a_mean_over_windows_of_few_documents_is_covered_by_resampling_documents() -> None:

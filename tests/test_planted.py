@@ -55,7 +55,7 @@ def test_a_layer_with_no_absolute_position_measures_none() -> None:
     """≥ 20 seeds at each of σ = 2, 3, 4, with and without a query scale per token: the 95% intervals of resid_early
     and resid_all reach down to ≤ 0.05 nats in at least 90% of the layers, and the estimates centre on 0 (their
     mean over seeds within 3 standard errors of 0; the old estimand's centred on 0.03–0.61). So do the attention
-    shift's split-half forms (within 0.01 nats; their raw forms, the noise's, are 0.12–0.79)."""
+    shift's forms over pairs of documents (within 0.01 nats; their raw forms, the noise's, are 0.12–0.79)."""
     for sigma in (2.0, 3.0, 4.0):
         for token_scale in (False, True):
             reached, estimates, shifts = {"early": 0, "all": 0}, {"early": [], "all": []}, []
@@ -118,11 +118,12 @@ def test_c1_is_not_met_by_a_model_with_no_absolute_position_and_is_by_one_with_a
     assert rows.loc["none: resid_all", "lo"] < PRESENT and rows.loc["none: resid_all", "says"] != "supports"
 
 
-def test_windows_of_few_documents_measure_no_position_when_split_by_document() -> None:
+def test_windows_of_few_documents_measure_no_position_when_paired_by_document() -> None:
     """Sixteen windows of eight documents that share half their q and k (two windows each, no position): with
-    the noise correction's halves by input order each document is in both halves, its shared part reads as
-    0.35 nats of position and no interval covers 0; with halves and resamples by document (the run's units)
-    the estimates centre on 0 (within 3 standard errors over 20 seeds) and ≥ 90% of the intervals cover 0."""
+    every window its own unit, the noise correction pairs the two windows of each document too, and their shared
+    part reads as position with no interval covering 0; with pairs of distinct documents and resamples by
+    document (the run's units) the estimates centre on 0 (within 3 standard errors over 20 seeds) and ≥ 90% of
+    the intervals cover 0."""
     seq_len = 128
     estimates: dict[bool, list[float]] = {False: [], True: []}
     covered = {False: 0, True: 0}

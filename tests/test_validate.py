@@ -88,7 +88,7 @@ def test_one_sequence_is_refused_saying_what_it_would_lose(model: Path, corpus: 
     """`--num-seqs 1` ended in a 34-line traceback after writing seven tables and no manifest."""
     out = tmp_path / "run"
     proc = run_cli(*analyze_args(model, corpus, out, "--num-seqs", "1"))
-    assert_one_line_error(proc, "1 sequence(s) are too few", "two halves", "--num-seqs 2")
+    assert_one_line_error(proc, "1 sequence(s) are too few", "pairs sequences of distinct documents", "--num-seqs 2")
     assert not out.exists()
 
 

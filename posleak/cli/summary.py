@@ -19,7 +19,7 @@ from posleak.measure import measured_magnitudes
 from posleak.pipeline import AnalysisResult
 
 _NAMES = {"resid": "residual stream", "mask": "causal mask"}
-# The attention shift of w (docs/method.md §7): split-half forms, means over layers, no interval.
+# The attention shift of w (docs/method.md §7): forms over pairs of documents, means over layers, no interval.
 _SHIFTS = {
     "shift_kl": "attention moved by w, symmetrised KL (nats)",
     "shift_tv": "attention moved by w, total variation",

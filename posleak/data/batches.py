@@ -282,7 +282,7 @@ def _check_token_array(path: Path, array: np.ndarray, vocab_size: int | None) ->
 
 
 def iter_batches(batch: TokenBatch, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(sequence indices, ids) chunks in input order; the indices feed the split-half noise correction."""
+    """(sequence indices, ids) chunks in input order: the indices say which sequence each captured row is."""
     if batch_size < 1:
         raise PosleakError(f"batch size {batch_size} is below 1; use a batch size of at least 1")
     for start in range(0, batch.num_seqs, batch_size):

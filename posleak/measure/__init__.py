@@ -1,12 +1,12 @@
 """Measurements on captured attention: the decomposition by rows (g, c, w), the attention shift, ΔR², bootstrap
 intervals."""
 
-from posleak.measure.bootstrap import percentile_interval, resample_weights, resampling_units
+from posleak.measure.bootstrap import percentile_interval, redrawn_resamples, resample_weights, resampling_units
 from posleak.measure.components import (
     MAGNITUDES,
+    NOISE_CORRECTION,
     SHIFTS,
     LayerProfile,
-    halves,
     layer_value,
     magnitudes,
     mask_component,
@@ -29,6 +29,7 @@ __all__ = [
     "LAYER_MAGNITUDES",
     "MAGNITUDES",
     "MEASURES",
+    "NOISE_CORRECTION",
     "SHIFTS",
     "CellLayout",
     "Decomposition",
@@ -40,7 +41,6 @@ __all__ = [
     "LayerSums",
     "MeasureSpec",
     "delta_r2",
-    "halves",
     "layer_value",
     "magnitudes",
     "mask_component",
@@ -48,6 +48,7 @@ __all__ = [
     "measured_magnitudes",
     "percentile_interval",
     "profile",
+    "redrawn_resamples",
     "resample_weights",
     "resampling_units",
     "running_sums",

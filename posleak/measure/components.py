@@ -8,16 +8,27 @@ row sum, P(i) = Σ_{d≤D_i} g(d) and n_i = D_i + 1 the valid offsets of query i
   u_X(i) = (R̄_X(i) − P_X(i)) / n_i,   c_X(i) = u_X(i) − mean over X of log Z_i,   w_X(i, d) = a_X − g_X(d) − u_X(i),
 
 g_X and P_X those of the group X itself. w carries no log Z (it cancels within a row), so it is linear in the
-logits, every row of w sums to 0, and w_X is an unbiased estimate of w whatever the noise: the halves' w^A and w^B
-are independent, so the mean of w^A·w^B estimates that of w² with no floor. (With the g of all N sequences in both
-halves, as first designed, they share g's noise and the covariance was biased by −Var g: −0.03 to −0.10 nats on
-planted layers with no position at σ = 2–4, tests/test_planted.py.) The sums over the pairs of a query range Q are
-quadratic forms in the weights:
+logits and every row of w sums to 0; c is linear in the logits and log Z. So w_X is the weighted mean of the
+sequences' own w^n (each with its own g), and every sequence's w^n is an unbiased estimate of w.
 
-  Σ w_X w_Y = Σ a_X a_Y − Σ_d (g_Y C_X + g_X C_Y)(d) + Σ_i Σ_{d≤D_i} g_X g_Y − Σ_i n_i u_X(i) u_Y(i),
+**The noise correction pairs distinct documents.** The mean square of w over a range is biased upwards by the
+noise of the mean over sequences. Two sequences of distinct documents are independent, so E[w^n·w^n'] = w·w: the
+mean over every ordered pair of sequences from distinct documents of Σ w^n w^n' is unbiased for Σ w², with no floor
+and no document dropped, and pairs within a document (which share its content) left out. With V the weights'
+total, V_u document u's and w̄, w̄_u the weighted means of all and of u's sequences,
 
-with C_X the column sums over Q of a_X, Σ a_X a_Y = w_Xᵀ G_Q w_Y / (W_X W_Y) (G the Gram matrix of the sequences'
-logits) and Σ_i n_i u_X u_Y expanded into R·R/n, R·P/n and P·P/n per pair of sequences.
+  Σ_{n, n' of distinct documents} v_n v_n' w^n·w^n' = V² (w̄·w̄) − Σ_u V_u² (w̄_u·w̄_u),
+
+divided by the weight of those pairs, V² − Σ_u V_u². Each term is the square of one group's mean: the all-sequence
+square, which is also the raw (uncorrected) magnitude, and each document's own square, which does not change
+between resamples (a resample counts a document's sequences alike), so it is formed once. c is corrected the
+same way (its squares about its mean over the range's pairs). The sums over the pairs of a query range Q of a
+group's square are quadratic forms in its weights:
+
+  Σ w_X² = Σ a_X² − 2 Σ_d g_X C_X(d) + Σ_i Σ_{d≤D_i} g_X² − Σ_i n_i u_X(i)²,
+
+with C_X the column sums over Q of a_X, Σ a_X² = w_Xᵀ G_Q w_X / W_X² (G the Gram matrix of the sequences'
+logits) and Σ_i n_i u_X² expanded into R·R/n, R·P/n and P·P/n per pair of sequences.
 
 Everything is computed for R weightings of the N sequences at once: the point estimate is the weighting of all
 ones, a bootstrap resample the number of times each sequence was drawn (bootstrap.py). `Moments` rearranges a
@@ -25,7 +36,7 @@ layer's sums once into per-sequence arrays and N × N matrices, so that a weight
 its g, its row term c (per query) and its count term m_count (a cumulative log-sum-exp): no pass over the logits.
 
 Magnitudes (docs/method.md §3) are per head; a layer's value is the root of the mean over its heads of the
-squares (for the noise-corrected w, of the covariances, with their sign), never the mean of clipped roots.
+squares (for the noise-corrected w and c, of the pair means, with their sign), never the mean of clipped roots.
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from posleak.measure.grid import CellLayout
-from posleak.measure.layer_sums import LayerSums, halves
+from posleak.measure.layer_sums import LayerSums
 from posleak.measure.shift import range_queries
 
 RANGES = ("early", "all", "beyond")
@@ -46,10 +57,13 @@ MAGNITUDES = tuple(f"{kind}_{name}" for kind in ("mask", "mask_count", "resid") 
 )
 # Means over a range's (sampled) queries and, per layer, over heads: the attention shift of shift.py.
 SHIFTS = tuple(f"shift_{kind}_{name}{raw}" for kind in ("kl", "tv") for name in RANGES for raw in ("", "_raw"))
+# What the noise-corrected magnitudes pair (module docstring): recorded in every manifest and in the resume
+# fingerprint, so that a run folder measured with the split halves of before is never read back as this one.
+NOISE_CORRECTION = "pairs of sequences of distinct documents (docs/method.md §3)"
 # (R, H, T) float64 elements per array in one chunk of resamples (a few such arrays are alive).
 _CHUNK_ELEMENTS = 1 << 21
 
-__all__ = ["MAGNITUDES", "RANGES", "SHIFTS", "halves"]
+__all__ = ["MAGNITUDES", "NOISE_CORRECTION", "RANGES", "SHIFTS"]
 
 
 def signed_root(x: torch.Tensor) -> torch.Tensor:
@@ -114,8 +128,8 @@ def row_term(sums: LayerSums, weights: torch.Tensor) -> tuple[torch.Tensor, torc
 
 def shifts(sums: LayerSums, ranges: dict[str, tuple[int, int]], sampled: int) -> dict[str, torch.Tensor]:
     """Every measure of SHIFTS, each (H,): per range the mean over its sampled queries (shift.range_queries) of
-    the per-query statistics of shift.py, across the halves (the mean of A against B and B against A for the
-    symmetrised KL) and raw. NaN for a range the layer does not have."""
+    the per-query statistics of shift.py, over pairs of distinct documents and raw. NaN for a range the layer does
+    not have."""
     heads = sums.rows.shape[1]
     out = {name: torch.full((heads,), float("nan"), dtype=torch.float64) for name in SHIFTS}
     position = {int(query): k for k, query in enumerate(sums.shift_queries)}
@@ -123,9 +137,9 @@ def shifts(sums: LayerSums, ranges: dict[str, tuple[int, int]], sampled: int) ->
         wanted = range_queries(lo, hi, sampled).tolist()
         if not wanted or any(query not in position for query in wanted):
             continue
-        kl_all, kl_ab, kl_ba, tv_all, tv_halves = sums.shift[..., [position[q] for q in wanted]].mean(-1)
-        out[f"shift_kl_{name}"], out[f"shift_kl_{name}_raw"] = (kl_ab + kl_ba) / 2, kl_all
-        out[f"shift_tv_{name}"], out[f"shift_tv_{name}_raw"] = tv_halves, tv_all
+        kl_all, kl_pairs, tv_all, tv_pairs = sums.shift[..., [position[q] for q in wanted]].mean(-1)
+        out[f"shift_kl_{name}"], out[f"shift_kl_{name}_raw"] = kl_pairs, kl_all
+        out[f"shift_tv_{name}"], out[f"shift_tv_{name}_raw"] = tv_pairs, tv_all
     return out
 
 
@@ -187,27 +201,48 @@ class Moments:
         return Moments(sums, columns, out)
 
     def magnitudes(self, weights: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Every magnitude for each row of `weights` (R, N), each (R, H)."""
+        """Every magnitude for each row of `weights` (R, N), each (R, H). The weights must be constant within each
+        unit (a resample counts a document's sequences as often as it drew the document)."""
+        units = self.sums.units
+        of_unit = torch.nn.functional.one_hot(units, int(units.max()) + 1).double()  # (N, C)
+        own = self._squares(of_unit.T)  # each document's own squares (C, H), which the pairs leave out
         chunk = max(1, _CHUNK_ELEMENTS // (self.sums.rows.shape[1] * self.sums.seq_len))
-        parts = [self._magnitudes(weights[r0 : r0 + chunk]) for r0 in range(0, weights.shape[0], chunk)]
+        parts = [self._magnitudes(weights[r0 : r0 + chunk], of_unit, own) for r0 in range(0, weights.shape[0], chunk)]
         return {name: torch.cat([part[name] for part in parts]) for name in MAGNITUDES}
 
-    def _magnitudes(self, weights: torch.Tensor) -> dict[str, torch.Tensor]:
-        half = self.sums.half
-        groups = {"all": weights, "a": weights * (half == 0), "b": weights * (half == 1)}
-        scaled = {x: w / w.sum(1, keepdim=True) for x, w in groups.items()}  # w_X / W_X (NaN for an empty half)
-        g = torch.einsum("rn,nhd->rhd", scaled["all"], self.columns) / self.sums.offset_count
-        c = {x: row_term(self.sums, w)[1] for x, w in groups.items()}  # each group's own g and rows
-        # each group's own g, which only sigmoid attention's range means need (the bootstrap's hot path skips it)
-        own_g = {
-            x: torch.einsum("rn,nhd->rhd", w, self.columns) / self.sums.offset_count
-            for x, w in scaled.items()
-            if self.sums.sigmoid
-        }
-        weighting = _Weighting(scaled, own_g, c, mask_component(g, self.sums), self.sums.sigmoid)
+    def _squares(self, weights: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per range, the mean over its pairs of w_X² and c_X² (about their mean) and of the count term's square,
+        for the weighted mean X of each row of `weights` (R, N): each (R, H), unclipped."""
+        scaled = weights / weights.sum(1, keepdim=True)
+        own_g = torch.einsum("rn,nhd->rhd", scaled, self.columns) / self.sums.offset_count
+        c = row_term(self.sums, weights)[1]
+        weighting = _Weighting(scaled, own_g, c, mask_component(own_g, self.sums), self.sums.sigmoid)
         out = {}
         for name, moments in self.ranges.items():
-            out |= weighting.range_magnitudes(name, moments)
+            out |= weighting.range_squares(name, moments)
+        return out
+
+    def _magnitudes(
+        self, weights: torch.Tensor, of_unit: torch.Tensor, own: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """The magnitudes of R weightings from their squares and the documents' own (`magnitudes`)."""
+        squares = self._squares(weights)
+        # Σ over ordered pairs of sequences of distinct documents of w^n·w^n' = V²·(w̄·w̄) − Σ_u V_u²·(w̄_u·w̄_u),
+        # w̄ the weighted mean (V the weights' total), w̄_u document u's mean (V_u its weight): the noise correction
+        unit_weight = weights @ of_unit  # (R, C)
+        total = weights.sum(1, keepdim=True) ** 2
+        pairs = total - (unit_weight**2).sum(1, keepdim=True)  # 0 where a single document holds every weight
+
+        def across(name: str) -> torch.Tensor:
+            return (total * squares[name] - unit_weight**2 @ own[name]) / pairs
+
+        out = {}
+        for name in self.ranges:
+            out[f"resid_{name}"] = signed_root(across(f"resid_{name}"))
+            out[f"mask_{name}"] = signed_root(across(f"mask_{name}"))
+            out[f"resid_{name}_raw"] = squares[f"resid_{name}"].clamp(min=0).sqrt()  # ≥ 0 but for rounding
+            out[f"mask_{name}_raw"] = squares[f"mask_{name}"].clamp(min=0).sqrt()
+            out[f"mask_count_{name}"] = squares[f"mask_count_{name}"].clamp(min=0).sqrt()
         # a range the layer does not have (no window: no "beyond") is NaN
         missing = torch.full((weights.shape[0], self.sums.rows.shape[1]), float("nan"), dtype=torch.float64)
         return {name: out.get(name, missing) for name in MAGNITUDES}
@@ -215,62 +250,47 @@ class Moments:
 
 @dataclass
 class _Weighting:
-    """R weightings of the sequences: per group X (all, a, b) the weights over their total, w_X / W_X (R, N), and
-    the row term c and count term m_count of each weighting (R, H, T)."""
+    """R weightings of the sequences: the weights over their total, w / W (R, N), the relative part g, the row term
+    c and the count term m_count of each weighting ((R, H, W) and (R, H, T))."""
 
-    scaled: dict[str, torch.Tensor]
-    g: dict[str, torch.Tensor]  # each group's own g (R, H, W); sigmoid attention only
-    c: dict[str, torch.Tensor]
+    scaled: torch.Tensor
+    g: torch.Tensor
+    c: torch.Tensor
     m_count: torch.Tensor
     sigmoid: bool
 
-    def quadratic(self, x: str, y: str, matrix: torch.Tensor) -> torch.Tensor:
-        """w_Xᵀ M w_Y / (W_X W_Y) for M (H, N, N): (R, H)."""
-        return torch.einsum("rn,hnk,rk->rh", self.scaled[x], matrix, self.scaled[y])
+    def quadratic(self, matrix: torch.Tensor) -> torch.Tensor:
+        """wᵀ M w / W² for M (H, N, N): (R, H)."""
+        return torch.einsum("rn,hnk,rk->rh", self.scaled, matrix, self.scaled)
 
-    def range_magnitudes(self, name: str, moments: _RangeMoments) -> dict[str, torch.Tensor]:
-        """The magnitudes of one query range (module docstring), each (R, H)."""
+    def range_squares(self, name: str, moments: _RangeMoments) -> dict[str, torch.Tensor]:
+        """The mean squares over one query range's pairs (module docstring), each (R, H): of w as `resid_NAME`, of
+        c about its mean as `mask_NAME`, of m_count about its mean as `mask_count_NAME`."""
         n = moments.valid.sum()
 
-        def covariance(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # over the pairs (n_i per query)
-            x, y = x[..., moments.span], y[..., moments.span]
-            # centred, not mean product − product of means: past a sliding window m_count is constant, its spread 0
+        def variance(x: torch.Tensor) -> torch.Tensor:  # over the pairs (n_i per query)
+            x = x[..., moments.span]
+            # centred, not mean square − square of the mean: past a sliding window m_count is constant, its spread 0
             x = x - (moments.valid * x).sum(-1, keepdim=True) / n
-            y = y - (moments.valid * y).sum(-1, keepdim=True) / n
-            return (moments.valid * x * y).sum(-1) / n
+            return (moments.valid * x * x).sum(-1) / n
 
         quadratic = self.quadratic
-
-        def product(x: str, y: str) -> torch.Tensor:  # Σ over the range's pairs of w_X w_Y, each with its own g
-            within = (
-                quadratic(x, y, moments.row_row)
-                - quadratic(x, y, moments.row_prefix)
-                - quadratic(y, x, moments.row_prefix)
-                + quadratic(x, y, moments.prefix_prefix)
-            )  # Σ_i n_i u_X u_Y (sigmoid attention: u ≡ 0)
-            within = within * (not self.sigmoid)
-            centre = torch.zeros_like(within)
-            if self.sigmoid:  # w is not centred per row: take out its mean over the range's pairs (method §3)
-                centre = total(x) * total(y) / n
-            return (
-                quadratic(x, y, moments.gram)
-                - quadratic(y, x, moments.columns)
-                - quadratic(x, y, moments.columns)
-                + quadratic(x, y, moments.prefix_sq)
-                - within
-                - centre
-            )
-
-        def total(x: str) -> torch.Tensor:  # Σ over the range's pairs of w_X = Σ_i R̄_X(i) − Σ_d reach(d) g_X(d)
-            g = torch.where(moments.reaching > 0, self.g[x], 0.0)  # offsets no pair reaches have no g (NaN)
-            return self.scaled[x] @ moments.row_total - torch.einsum("rhd,d->rh", g, moments.reaching)
-
+        within = (
+            quadratic(moments.row_row) - 2 * quadratic(moments.row_prefix) + quadratic(moments.prefix_prefix)
+        )  # Σ_i n_i u² (sigmoid attention: u ≡ 0)
+        within = within * (not self.sigmoid)
+        centre = torch.zeros_like(within)
+        if self.sigmoid:  # w is not centred per row: take out its mean over the range's pairs (method §3)
+            g = torch.where(moments.reaching > 0, self.g, 0.0)  # offsets no pair reaches have no g (NaN)
+            total = self.scaled @ moments.row_total - torch.einsum("rhd,d->rh", g, moments.reaching)
+            centre = total * total / n
+        square = (
+            quadratic(moments.gram) - 2 * quadratic(moments.columns) + quadratic(moments.prefix_sq) - within - centre
+        )
         return {
-            f"mask_{name}": signed_root(covariance(self.c["a"], self.c["b"])),  # NaN for an empty half
-            f"mask_{name}_raw": covariance(self.c["all"], self.c["all"]).clamp(min=0).sqrt(),
-            f"mask_count_{name}": covariance(self.m_count, self.m_count).clamp(min=0).sqrt(),
-            f"resid_{name}_raw": (product("all", "all") / n).clamp(min=0).sqrt(),  # a sum of squares: ≥ 0 but rounding
-            f"resid_{name}": signed_root(product("a", "b") / n),  # NaN for an empty half
+            f"resid_{name}": square / n,
+            f"mask_{name}": variance(self.c),
+            f"mask_count_{name}": variance(self.m_count),
         }
 
 

@@ -12,10 +12,9 @@ room (docs/method.md says the same):
   log Z_i and m_count(i) = −log(Σ_d exp g(d) + exp sink); purely relative logits give w ≡ 0 with a sink too.
 - Sigmoid attention does not normalise: log Z ≡ 0, c ≡ m_count ≡ 0, so w(i, d) = mean_n s − g(d), and its
   magnitude is taken about its mean over the range (it is not centred per row).
-- Halves for the noise correction and the bootstrap's draws are by document where the sequences name theirs
-  (bootstrap.py, `layer_sums.halves`): of C documents in order of first appearance, A the first ⌊C/2⌋, B the next
-  ⌊C/2⌋, an odd last one in neither; with one window per document (or no documents known) that is the input
-  order. In a bootstrap resample each half is the resampled copies of its documents' sequences.
+- The noise correction pairs sequences of distinct documents, and the bootstrap draws documents, where the
+  sequences name theirs (bootstrap.py, components.py); with one window per document (or no documents known) each
+  sequence is its own. Every resample holds two distinct documents at least, so none is undefined or dropped.
 """
 
 from __future__ import annotations
@@ -29,10 +28,20 @@ import torch
 from posleak.capture.masks import MaskSpec
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.capture.store import LayerCapture
-from posleak.measure.bootstrap import percentile_interval, resample_weights
-from posleak.measure.components import MAGNITUDES, RANGES, SHIFTS, LayerProfile, Moments, layer_value, profile, shifts
+from posleak.measure.bootstrap import percentile_interval, redrawn_resamples, resample_weights
+from posleak.measure.components import (
+    MAGNITUDES,
+    NOISE_CORRECTION,
+    RANGES,
+    SHIFTS,
+    LayerProfile,
+    Moments,
+    layer_value,
+    profile,
+    shifts,
+)
 from posleak.measure.grid import CellLayout, Grid
-from posleak.measure.layer_sums import SumsPath, halves, segment_boundaries, sum_layer
+from posleak.measure.layer_sums import SumsPath, segment_boundaries, sum_layer
 from posleak.measure.regression import DesignMoments, delta_r2, running_sums
 from posleak.measure.shift import SHIFT_QUERIES, shift_queries
 
@@ -162,7 +171,7 @@ def measure_layer(capture: LayerCapture, spec: MeasureSpec) -> LayerResult:
     ranges = spec.ranges
     boundaries = segment_boundaries(spec.seq_len, ranges)
     rows = shift_queries(ranges, spec.shift_queries)
-    sums = sum_layer(capture, boundaries, spec.table_grid, spec.path, rows, halves(spec.num_seqs, spec.units))
+    sums = sum_layer(capture, boundaries, spec.table_grid, spec.path, rows, spec.units)
     # the point estimate is the weighting of all ones, computed with the distinct resamples in one pass
     weights = torch.ones(1, spec.num_seqs, dtype=torch.float64)
     resampling = spec.resampling()
@@ -199,7 +208,7 @@ class Decomposition:
     beyond: int | None
     resamples: int
     seed: int
-    units: int | None  # documents the bootstrap and the halves draw by; None: each sequence its own unit
+    units: int | None  # documents the bootstrap draws and the noise correction pairs; None: each sequence its own
     shift_queries: int
     where: dict[str, str]  # where the sums were formed ("device") and how the captures were kept ("captures")
 
@@ -322,10 +331,13 @@ class Decomposition:
                 "resamples": self.resamples,
                 "seed": self.seed,
                 "level": self.level,
-                # what a resample draws (with replacement) and what the noise correction's halves split
+                # what a resample draws (with replacement) and what the noise correction pairs
                 "unit": "sequence" if self.units is None else "document",
                 "units": self.num_seqs if self.units is None else self.units,
+                # draws of a single document, drawn again (bootstrap.py): none is dropped
+                "redrawn": redrawn_resamples(self.units or self.num_seqs, self.resamples, self.seed),
             },
+            "noise_correction": NOISE_CORRECTION,
             "bootstrap_note": self.bootstrap_note,
             **self.where,
         }

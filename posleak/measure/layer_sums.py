@@ -33,6 +33,7 @@ from posleak.capture.session import soft_cap
 from posleak.capture.store import CallFacts, LayerCapture
 from posleak.device import sums_device
 from posleak.measure import bilinear
+from posleak.measure.bootstrap import unit_ids
 from posleak.measure.grid import Grid
 from posleak.measure.offset_blocks import offset_block, reverse_keys
 from posleak.measure.shift import SHIFT_STATS, shift_rows
@@ -60,8 +61,8 @@ class LayerSums:
     table_grid: Grid
     sink_score: torch.Tensor  # (H,): α₀, the mean attention on key 0 over queries i ≥ 1
     shift_queries: torch.Tensor  # (S,): the queries of the attention shift's rows (shift.py)
-    shift: torch.Tensor  # (5, H, S): shift.SHIFT_STATS of each of those queries (NaN for sigmoid attention)
-    half: torch.Tensor  # (N,): the half of each sequence for the noise correction (`halves`)
+    shift: torch.Tensor  # (4, H, S): shift.SHIFT_STATS of each of those queries (NaN for sigmoid attention)
+    units: torch.Tensor  # (N,): each sequence's unit (its document); the noise correction pairs distinct units
     device: str = "cpu"  # where the float64 products and sums were formed (the tensors here are on the CPU)
 
     @property
@@ -93,15 +94,6 @@ class LayerSums:
         return [s for s, start in enumerate(self.boundaries[:-1]) if lo <= start < hi]
 
 
-def halves(num_seqs: int, units: Sequence[int] | None = None) -> torch.Tensor:
-    """The half of each sequence, (N,), by its resampling unit (posleak.measure.bootstrap; default: each sequence
-    its own): of C units in order of first appearance, 0 = A (unit < ⌊C/2⌋), 1 = B (the next ⌊C/2⌋), −1 = the odd
-    last one. The halves share no document, so their noise is independent."""
-    of = torch.arange(num_seqs) if units is None else torch.as_tensor(units)
-    half = (int(of.max()) + 1) // 2
-    return torch.where(of < half, 0, torch.where(of < 2 * half, 1, -1))
-
-
 def segment_boundaries(seq_len: int, ranges: dict[str, tuple[int, int]]) -> tuple[int, ...]:
     """0, T and every range end, sorted: the segments the sums keep column sums and Gram matrices for."""
     return tuple(sorted({0, seq_len} | {bound for span in ranges.values() for bound in span}))
@@ -125,10 +117,11 @@ def sum_layer(
     table_grid: Grid,
     path: SumsPath = "auto",
     shift_queries: torch.Tensor | None = None,
-    half: torch.Tensor | None = None,
+    units: Sequence[int] | torch.Tensor | None = None,
 ) -> LayerSums:
     """The sums of one layer's logits (module docstring), and the attention shift's rows of `shift_queries`
-    (none when None); `half`: each sequence's half for the noise correction (default `halves(N)`)."""
+    (none when None); `units`: each sequence's document, whose pairs the noise correction takes (default: each
+    sequence its own, posleak.measure.bootstrap.unit_ids)."""
     facts = capture.facts
     mask = facts.mask
     if not mask.causal or mask.prefix > 0:
@@ -153,8 +146,8 @@ def sum_layer(
         )
     host = torch.device("cpu")
     shift_at = torch.zeros(0, dtype=torch.long) if shift_queries is None else shift_queries
-    half = halves(capture.num_seqs) if half is None else half
-    shift = _shift(stacked, facts, columns, shift_at, half)
+    units = unit_ids(capture.num_seqs, units)
+    shift = _shift(stacked, facts, columns, shift_at, units)
     return LayerSums(
         layer=capture.layer,
         mask=mask,
@@ -171,7 +164,7 @@ def sum_layer(
         sink_score=_sink_scores(stacked, capture.facts, log_z).to(host),
         shift_queries=shift_at,
         shift=shift.to(host),
-        half=half,
+        units=units,
         device=str(stacked.stacked_query.device),
     )
 
@@ -215,7 +208,7 @@ def _materialised(
 
 
 def _shift(
-    stacked: bilinear.Stacked, facts: CallFacts, columns: torch.Tensor, rows: torch.Tensor, half: torch.Tensor
+    stacked: bilinear.Stacked, facts: CallFacts, columns: torch.Tensor, rows: torch.Tensor, units: torch.Tensor
 ) -> torch.Tensor:
     """The attention shift's statistics of `rows` (shift.py), with g from the column sums over all queries."""
     heads = columns.shape[2]
@@ -224,7 +217,7 @@ def _shift(
     num_seqs, seq_len, span = columns.shape[1], stacked.stacked_query.shape[2], columns.shape[-1]
     count = seq_len - torch.arange(span, dtype=torch.float64, device=columns.device)
     g = columns.sum((0, 1)) / (num_seqs * count)
-    groups = [torch.nonzero(half == which)[:, 0] for which in (0, 1, -1)]
+    groups = [torch.nonzero(units == unit)[:, 0] for unit in torch.unique(units)]
     return shift_rows(stacked.stacked_query, stacked.stacked_keys, facts.mask, facts.softcap, g, groups, rows)
 
 

@@ -5,17 +5,21 @@ cancels in a softmax). Since g + w = mean ℓ − c and mean ℓ = a − log Z, 
 over sequences of the logits, and needs no g; q_i needs only g. Per query posleak forms
 
 - the symmetrised KL divergence ½[KL(p‖q) + KL(q‖p)] = ½ Σ_d (p − q)(log p − log q), for the mean logits of all
-  sequences (raw) and across the halves A and B of layer_sums.halves: ½ Σ_d (p^A − q)(log p^B − log q) and the
-  same with A and B swapped. The halves are independent, so the noise of one does not meet the noise of the
-  other: with no w, E[p^A − q] and E[log p^B − log q] are each of second order in the noise and their product of
-  fourth; the raw form's noise is of second order (measured on planted layers with no w at σ = 4: raw 0.47–0.76
-  nats, across the halves 0.00x);
-- the total variation ½ Σ_d |p − q| for all sequences, and across the halves ¼ Σ_d [(p^A − q) sign(p^B − q) +
-  (p^B − q) sign(p^A − q)]: A's change signed by B's, 0 in expectation with no w and never above the true TV in
-  expectation (E[x·sign(x + e)] ≤ |x|).
+  sequences (raw) and over pairs of distinct documents: with p^u the softmax of document u's mean logits, the mean
+  over ordered pairs u ≠ v (weighted by their sequences, n_u·n_v) of ½ Σ_d (p^u − q)(log p^v − log q).
+  Distinct documents are independent, so the noise of one does not meet the noise of the other: with no w,
+  E[p^u − q] and E[log p^v − log q] are each of second order in the noise and their product of fourth; the raw
+  form's noise is of second order (measured on planted layers with no w at σ = 4: raw 0.47–0.76 nats, over pairs
+  0.00x);
+- the total variation ½ Σ_d |p − q| for all sequences, and over the same pairs ½ Σ_d (p^u − q) sign(p^v − q):
+  one document's change signed by another's, 0 in expectation with no w and never above the true TV in expectation
+  (E[x·sign(x + e)] ≤ |x|).
 
-The symmetrised KL rather than KL(p‖q) alone because its split-half form exists: KL(p‖q) has no product form
-whose halves' noise cancels (a split-half jackknife of it left 0.05–0.22 nats on those planted layers). Both
+Every pair of distinct documents is used, not two halves: each document's p^u is formed once, and the sum over
+pairs is (Σ_u n_u x_u)·(Σ_v n_v y_v) − Σ_u n_u² x_u·y_u, so the cost is one softmax per document and query.
+
+The symmetrised KL rather than KL(p‖q) alone because its pairwise form exists: KL(p‖q) has no product form
+whose pairs' noise cancels (a split-half jackknife of it left 0.05–0.22 nats on those planted layers). Both
 distributions are over the valid keys: a learned sink logit is not a key. Sigmoid attention does not normalise
 over keys, so it has no shift (NaN).
 
@@ -34,7 +38,7 @@ from posleak.capture.masks import MaskSpec
 from posleak.capture.session import soft_cap
 
 # The per-row statistics, in order (stats[k] is (H, S)).
-SHIFT_STATS = ("kl_all", "kl_ab", "kl_ba", "tv_all", "tv_halves")
+SHIFT_STATS = ("kl_all", "kl_pairs", "tv_all", "tv_pairs")
 # Queries sampled over 1 ≤ i < T beside the early ones (docs/method.md §7).
 SHIFT_QUERIES = 64
 # Float64 elements per (H, rows, keys) array of one block of rows: a few MB, so that a block stays in cache.
@@ -66,11 +70,11 @@ def shift_rows(
     groups: list[torch.Tensor],
     rows: torch.Tensor,
 ) -> torch.Tensor:
-    """SHIFT_STATS of each query in `rows`, (5, H, S), float64 on the device of `query`.
+    """SHIFT_STATS of each query in `rows`, (4, H, S), float64 on the device of `query`.
 
     `query` (KV, G, T, N, D) and `keys` (KV, T, N, D) are bilinear.Stacked's (float64, the keys scaled); `g`
-    (H, W) the relative part of all sequences; `groups` the sequence indices of half A, half B and any
-    sequence in neither (their union is every sequence)."""
+    (H, W) the relative part of all sequences; `groups` the sequence indices of each document (their union is
+    every sequence). With a single document there are no pairs, and the pair statistics are NaN."""
     heads = query.shape[0] * query.shape[1]
     out = torch.full((len(SHIFT_STATS), heads, len(rows)), float("nan"), dtype=torch.float64, device=query.device)
     rows = rows.to(query.device)
@@ -104,7 +108,7 @@ def _block_stats(
     groups: list[torch.Tensor],
     rows: torch.Tensor,
 ) -> torch.Tensor:
-    """SHIFT_STATS of a block of rows (sorted), (5, H, rows), from the mean logits of each group over the keys
+    """SHIFT_STATS of a block of rows (sorted), (4, H, rows), from the mean logits of each document over the keys
     up to the block's last row, indexed (row, key j); pairs outside the mask weigh 0."""
     window = mask.window or query.shape[2]
     first_key = max(0, int(rows[0]) - window + 1)
@@ -114,21 +118,31 @@ def _block_stats(
     log_norm_g_rows = log_norm_g[:, rows.clamp(max=window - 1)]  # LSE over query i's valid offsets of g
     log_q = g_at - log_norm_g_rows[..., None]
     q = log_q.exp().mul_(valid)
-    summed = {
-        name: _summed_logits(query, keys, softcap, members, rows, key_pos)
-        for name, members in zip(("a", "b", "rest"), groups, strict=True)
-        if len(members)
-    }
-    sizes = {name: len(members) for name, members in zip(("a", "b", "rest"), groups, strict=True)}
+    # per document u (n_u sequences): Σ n_u (p^u − q), Σ n_u log(p^u / q), Σ n_u sign(p^u − q), and the same
+    # document's own products Σ n_u² (p^u − q)·log(p^u / q), Σ n_u² |p^u − q|, which the pairs leave out
+    change, ratio, sign = (torch.zeros_like(q) for _ in range(3))
+    own_kl, own_tv = (torch.zeros(q.shape[:2], dtype=torch.float64, device=q.device) for _ in range(2))
+    summed_all = torch.zeros_like(q)
+    for members in groups:
+        summed = _summed_logits(query, keys, softcap, members, rows, key_pos)
+        summed_all += summed
+        size = len(members)
+        p, log_ratio = _p_and_log_ratio(summed.div_(size), valid, log_q)
+        moved = p.sub_(q)
+        change.add_(moved, alpha=size)
+        ratio.add_(log_ratio, alpha=size)
+        sign.add_(moved.sign(), alpha=size)
+        own_kl += size**2 * _row_dot(moved, log_ratio)
+        own_tv += size**2 * moved.abs().sum(-1)
+    sizes = torch.tensor([len(members) for members in groups], dtype=torch.float64)
+    pairs = float(sizes.sum() ** 2 - (sizes**2).sum())  # ordered pairs of sequences of distinct documents
     out = torch.full((len(SHIFT_STATS), *q.shape[:2]), float("nan"), dtype=torch.float64, device=query.device)
-    p_all, ratio_all = _p_and_log_ratio(sum(summed.values()) / sum(sizes.values()), valid, log_q)
+    p_all, ratio_all = _p_and_log_ratio(summed_all.div_(float(sizes.sum())), valid, log_q)
     change_all = p_all.sub_(q)
-    out[0], out[3] = 0.5 * _row_dot(change_all, ratio_all), 0.5 * change_all.abs_().sum(-1)
-    if "a" in summed and "b" in summed:
-        (p_a, ratio_a), (p_b, ratio_b) = (_p_and_log_ratio(summed[x].div_(sizes[x]), valid, log_q) for x in "ab")
-        change_a, change_b = p_a.sub_(q), p_b.sub_(q)
-        out[1], out[2] = 0.5 * _row_dot(change_a, ratio_b), 0.5 * _row_dot(change_b, ratio_a)
-        out[4] = 0.25 * (_row_dot(change_a, change_b.sign()) + _row_dot(change_b, change_a.sign()))
+    out[0], out[2] = 0.5 * _row_dot(change_all, ratio_all), 0.5 * change_all.abs_().sum(-1)
+    if pairs > 0:
+        out[1] = 0.5 * (_row_dot(change, ratio) - own_kl) / pairs
+        out[3] = 0.5 * (_row_dot(change, sign) - own_tv) / pairs
     return out
 
 

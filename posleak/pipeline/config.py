@@ -14,11 +14,11 @@ from posleak.data.kinds import GRIDS, GridKind
 from posleak.data.recipe import Recipe, seed_problems
 from posleak.device import Placement, budget_problems
 from posleak.intervene import Interventions
-from posleak.measure import Grid
+from posleak.measure import NOISE_CORRECTION, Grid
 
 # Profile tables on the exact grid grow as T²·heads·layers rows: refused beyond this length.
 EXACT_TABLES_UP_TO = 256
-# The noise correction compares two halves of the sequences and the bootstrap resamples them.
+# The noise correction pairs sequences of distinct documents, so it needs two at least.
 MIN_SEQS = 2
 MAX_RESAMPLES = 100_000  # percentile intervals settle long before; each resample holds N weights in memory
 
@@ -42,9 +42,9 @@ class MeasureOptions:
         found = []
         if num_seqs is not None and num_seqs < MIN_SEQS:
             found.append(
-                f"{num_seqs} sequence(s) are too few: the noise correction of the residual-stream magnitude "
-                f"compares two halves of the sequences and its intervals resample them, so both need at least "
-                f"{MIN_SEQS}; use --num-seqs {MIN_SEQS} or more (or {MIN_SEQS}+ rows in a token file)"
+                f"{num_seqs} sequence(s) are too few: the noise correction of the magnitudes pairs sequences of "
+                f"distinct documents, so it needs at least {MIN_SEQS}; use --num-seqs {MIN_SEQS} or more (or "
+                f"{MIN_SEQS}+ rows in a token file)"
             )
         if self.early < 2:
             found.append(f"--early {self.early} leaves no early queries (1 ≤ i < K); use K ≥ 2")
@@ -108,6 +108,7 @@ class AnalysisOptions:
             del measure["beyond"]
         return {
             **measure,
+            "noise_correction": NOISE_CORRECTION,
             "batch_size": self.execution.batch_size,
             **self.execution.placement.to_dict(),
             "interventions": self.interventions.to_dict(),

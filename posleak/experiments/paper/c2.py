@@ -42,8 +42,8 @@ class C2(ClaimModule):
     method = (
         "The row term c(i): the mean over query i's valid keys of the mean log-attention minus the relative part "
         "g(d), everything that is one number per query (the softmax normaliser against the row's own logits), "
-        "noise-corrected from two halves; its count part m_count(i) = −logsumexp over the offsets the mask admits "
-        "of g(d) beside it (docs/method.md §2–3)."
+        "noise-corrected over pairs of documents; its count part m_count(i) = −logsumexp over the offsets the mask "
+        "admits of g(d) beside it (docs/method.md §2–3)."
     )
 
     def judge(self, runs: SampleRuns, sample: str) -> Judgement:
