@@ -203,35 +203,45 @@ def _softmax(row: np.ndarray) -> np.ndarray:
     return weights / weights.sum(axis=-1, keepdims=True)
 
 
+def _splits(documents: int, splits: int = 8) -> list[tuple[list[int], list[int]]]:
+    """The documented splits of C documents into halves of ⌊C/2⌋ (docs/method.md §7): the first in order, then by
+    the permutation torch draws with seed k, for k = 1 … 7."""
+    half = documents // 2
+    orders = [list(range(documents))]
+    orders += [torch.randperm(documents, generator=torch.Generator().manual_seed(k)).tolist() for k in range(1, splits)]
+    return [(order[:half], order[half : 2 * half]) for order in orders] if documents >= 2 else []
+
+
 def _shift(s: np.ndarray, g: np.ndarray, valid: np.ndarray, units: list, rows: list[int]) -> dict[str, np.ndarray]:
     """The attention shift of docs/method.md §7 over `rows`, each (H,): for each query, with p the softmax over the
-    valid keys of the mean logits (of all sequences, of each document's) and q that of g, the symmetrised KL
-    ½ Σ (p − q)(log p − log q) and the TV ½ Σ |p − q| of all sequences (raw), and over every ordered pair of
-    distinct documents u ≠ v, weighted by their numbers of sequences, ½ Σ (p_u − q)(log p_v − log q) and
-    ½ Σ (p_u − q) sign(p_v − q), one pair at a time."""
+    valid keys of the mean logits (of all sequences, of each half of the documents) and q that of g, the
+    symmetrised KL ½ Σ (p − q)(log p − log q) and the TV ½ Σ |p − q| of all sequences (raw), and across the halves
+    ½ Σ (p_A − q)(log p_B − log q) (and B against A, averaged) and ¼ Σ [(p_A − q) sign(p_B − q) + (B, A)], each
+    averaged over the splits of the documents (in order of first appearance) into halves."""
     documents = list(dict.fromkeys(units))
-    members = {u: [k for k, unit in enumerate(units) if unit == u] for u in documents}
+
+    def sequences_of(half: list[int]) -> list[int]:
+        return [k for k, unit in enumerate(units) if unit in {documents[d] for d in half}]
+
+    splits = [(sequences_of(a), sequences_of(b)) for a, b in _splits(len(documents))]
     per_row = []
     for i in rows:
         keys = valid[i]
         q = _softmax(g[:, keys])
         row = s[:, :, i]  # a view: indexing s by a group first would copy every query's logits
         p_all = _softmax(row[:, :, keys].mean(axis=0))
-        p = {u: _softmax(row[members[u]][:, :, keys].mean(axis=0)) for u in documents}
-        kl, tv, weight = np.zeros(q.shape[0]), np.zeros(q.shape[0]), 0.0
-        for u in documents:
-            for v in documents:
-                if u != v:
-                    pair = len(members[u]) * len(members[v])
-                    kl += pair * 0.5 * ((p[u] - q) * np.log(p[v] / q)).sum(axis=1)
-                    tv += pair * 0.5 * ((p[u] - q) * np.sign(p[v] - q)).sum(axis=1)
-                    weight += pair
-        nan = np.full(q.shape[0], np.nan)
-        pairs = (kl / weight, tv / weight) if weight else (nan, nan)
+        kl, tv = np.full(q.shape[0], np.nan), np.full(q.shape[0], np.nan)
+        if splits:
+            kl, tv = np.zeros(q.shape[0]), np.zeros(q.shape[0])
+        for half_a, half_b in splits:
+            da = _softmax(row[half_a][:, :, keys].mean(axis=0)) - q
+            db = _softmax(row[half_b][:, :, keys].mean(axis=0)) - q
+            kl += 0.25 * ((da * np.log((db + q) / q)).sum(axis=1) + (db * np.log((da + q) / q)).sum(axis=1))
+            tv += 0.25 * (da * np.sign(db) + db * np.sign(da)).sum(axis=1)
         kl_all = 0.5 * ((p_all - q) * np.log(p_all / q)).sum(axis=1)
-        per_row.append([kl_all, pairs[0], 0.5 * np.abs(p_all - q).sum(1), pairs[1]])
-    kl_all, kl_pairs, tv_all, tv_pairs = np.mean(per_row, axis=0)
-    return {"kl": kl_pairs, "kl_raw": kl_all, "tv": tv_pairs, "tv_raw": tv_all}
+        per_row.append([kl_all, kl / max(1, len(splits)), 0.5 * np.abs(p_all - q).sum(1), tv / max(1, len(splits))])
+    kl_all, kl_halves, tv_all, tv_halves = np.mean(per_row, axis=0)
+    return {"kl": kl_halves, "kl_raw": kl_all, "tv": tv_halves, "tv_raw": tv_all}
 
 
 def reference_layer(

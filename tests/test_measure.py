@@ -55,6 +55,7 @@ from posleak.measure import (
 )
 from posleak.measure.components import _log_cumulative_sum_exp
 from posleak.measure.layer_sums import segment_boundaries, sum_layer
+from posleak.measure.planted import Planted, planted_layer
 from posleak.measure.position0 import first_token_variants, identity_accuracy, variant_states
 from posleak.measure.regression import DesignMoments, delta_r2, running_sums
 
@@ -403,6 +404,21 @@ def test_bootstrap_collapses_on_identical_sequences() -> None:
     for name in ("mask_early", "mask_all", "resid_early", "resid_all"):
         np.testing.assert_allclose(frame[f"{name}_lo"], frame[name], rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(frame[f"{name}_hi"], frame[name], rtol=1e-9, atol=1e-12)
+
+
+def test_an_interval_needs_four_documents_and_is_never_a_point_from_them() -> None:
+    """Eight windows of three documents: a bootstrap over three would move among seven distinct draws, so there is
+    no interval (NaN, and the note says why); of four documents the intervals of a planted layer with no position
+    are finite, wider than a point, and drawn from resamples that each hold two documents at least."""
+    for documents, formed in ((3, False), (4, True)):
+        planted = Planted(2.0, seq_len=64, num_seqs=8, documents=documents, shared=0.5)
+        spec = MeasureSpec(64, 8, Grid(64), resamples=200, seed=1, units=planted.units)
+        result = Decomposition.of([measure_layer(planted_layer(planted, 0), spec)], spec)
+        lo, hi = result.layer_interval("resid_all")
+        assert bool(lo.isfinite().all() and (hi - lo > 1e-3).all()) == formed
+        assert (result.bootstrap_note is None) == formed
+        if not formed:
+            assert "3 documents" in result.bootstrap_note and lo.isnan().all()  # type: ignore[operator]
 
 
 def test_resample_weights_and_percentiles() -> None:

@@ -41,10 +41,11 @@ def analysis_lines(result: AnalysisResult) -> list[str]:
     """Each magnitude's mean over layers with its 95% interval, ΔR² and the closed system."""
     measures = measured_magnitudes(result.per_layer)
     has_interval = not result.bootstrap.empty
-    unit = result.manifest.get("measurement", {}).get("bootstrap", {}).get("unit", "sequence")
+    measurement = result.manifest.get("measurement", {})
+    unit = measurement.get("bootstrap", {}).get("unit", "sequence")
     lines = [
         "headline: mean over layers, nats"
-        + (f", 95% bootstrap interval over {unit}s" if has_interval else " (no interval: --bootstrap 0)")
+        + (f", 95% bootstrap interval over {unit}s" if has_interval else f" ({measurement.get('bootstrap_note')})")
         + " (docs/method.md §3, §6)"
     ]
     width = max(len(m) for m in measures)

@@ -11,6 +11,9 @@ so a resample of one document repeated has no pair and no corrected magnitude. S
 bootstrap is then the one conditional on two distinct units, and `redrawn` counts how many draws that changed
 (the manifest records it).
 
+Below MIN_BOOTSTRAP_UNITS units there is no interval: with two, every resample that holds both is the sample
+itself and the interval is a point; with three, seven distinct resamples make a 95% interval of their extremes.
+
 A resample is written as integer weights per sequence (how often its unit was drawn), so the resampled sum of any
 per-sequence quantity is weights × per-sequence sums: one matrix product serves every resample. Weights of all
 ones are the original sample, which is how the point estimates are computed too: the same code. A weighted mean
@@ -23,6 +26,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+# The fewest units (documents, or sequences where documents are unknown) a bootstrap interval is formed over.
+MIN_BOOTSTRAP_UNITS = 4
 
 
 def resampling_units(documents: Sequence[str] | None) -> tuple[int, ...] | None:

@@ -28,7 +28,7 @@ import torch
 from posleak.capture.masks import MaskSpec
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.capture.store import LayerCapture
-from posleak.measure.bootstrap import percentile_interval, redrawn_resamples, resample_weights
+from posleak.measure.bootstrap import MIN_BOOTSTRAP_UNITS, percentile_interval, redrawn_resamples, resample_weights
 from posleak.measure.components import (
     MAGNITUDES,
     NOISE_CORRECTION,
@@ -103,9 +103,13 @@ class MeasureSpec:
     def bootstrap_note(self) -> str | None:
         """Why there are no intervals, when there are none."""
         if self.resamples < 1:
-            return "bootstrap not requested (resamples = 0)"
-        if self.num_units < 2:
-            return "a bootstrap needs at least 2 sequences"
+            return "no interval: --bootstrap 0"
+        if self.num_units < MIN_BOOTSTRAP_UNITS:
+            what = "documents" if self.units is not None else "sequences"
+            return (
+                f"no interval: {self.num_units} {what}, and a bootstrap over fewer than {MIN_BOOTSTRAP_UNITS} "
+                "collapses or barely moves (docs/method.md §6)"
+            )
         return None
 
     def resampling(self) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -5,21 +5,25 @@ cancels in a softmax). Since g + w = mean ℓ − c and mean ℓ = a − log Z, 
 over sequences of the logits, and needs no g; q_i needs only g. Per query posleak forms
 
 - the symmetrised KL divergence ½[KL(p‖q) + KL(q‖p)] = ½ Σ_d (p − q)(log p − log q), for the mean logits of all
-  sequences (raw) and over pairs of distinct documents: with p^u the softmax of document u's mean logits, the mean
-  over ordered pairs u ≠ v (weighted by their sequences, n_u·n_v) of ½ Σ_d (p^u − q)(log p^v − log q).
-  Distinct documents are independent, so the noise of one does not meet the noise of the other: with no w,
-  E[p^u − q] and E[log p^v − log q] are each of second order in the noise and their product of fourth; the raw
-  form's noise is of second order (measured on planted layers with no w at σ = 4: raw 0.47–0.76 nats, over pairs
-  0.00x);
-- the total variation ½ Σ_d |p − q| for all sequences, and over the same pairs ½ Σ_d (p^u − q) sign(p^v − q):
-  one document's change signed by another's, 0 in expectation with no w and never above the true TV in expectation
-  (E[x·sign(x + e)] ≤ |x|).
+  sequences (raw) and across two halves of the documents, ½ Σ_d (p^A − q)(log p^B − log q) and the same with A
+  and B swapped. Halves of distinct documents are independent, so the noise of one does not meet the noise of the
+  other: with no w, E[p^A − q] and E[log p^B − log q] are each of second order in the noise and their product of
+  fourth; the raw form's noise is of second order (measured on planted layers with no w at σ = 4: raw 0.47–0.76
+  nats, across halves 0.00x);
+- the total variation ½ Σ_d |p − q| for all sequences, and across the halves ¼ Σ_d [(p^A − q) sign(p^B − q) +
+  (p^B − q) sign(p^A − q)]: A's change signed by B's, 0 in expectation with no w and never above the true TV in
+  expectation (E[x·sign(x + e)] ≤ |x|).
 
-Every pair of distinct documents is used, not two halves: each document's p^u is formed once, and the sum over
-pairs is (Σ_u n_u x_u)·(Σ_v n_v y_v) − Σ_u n_u² x_u·y_u, so the cost is one softmax per document and query.
+Halves, not every pair of documents as the magnitudes take (components.py): the shift is not linear in the logits,
+and p^u of a single document is the softmax of one window's logits, whose mean over windows is not the softmax of
+the mean logits: on a planted layer with a sink at key 0 (σ = 2) the form over pairs of single windows stays at
+0.37 nats at every N while the shift it estimates (the raw form at N = 256) is 0.70; the halves' form tends to it
+(0.63 at N = 16, 0.68 at 64, 0.69 at 256). What the halves leave unused is taken up by averaging the forms over
+SHIFT_SPLITS splits of the documents into halves (`document_splits`): the first in input order (the split used
+alone until 2026-12-05), the others drawn by a fixed seed; each split is as good an estimate as any other.
 
-The symmetrised KL rather than KL(p‖q) alone because its pairwise form exists: KL(p‖q) has no product form
-whose pairs' noise cancels (a split-half jackknife of it left 0.05–0.22 nats on those planted layers). Both
+The symmetrised KL rather than KL(p‖q) alone because its split-half form exists: KL(p‖q) has no product form
+whose halves' noise cancels (a split-half jackknife of it left 0.05–0.22 nats on those planted layers). Both
 distributions are over the valid keys: a learned sink logit is not a key. Sigmoid attention does not normalise
 over keys, so it has no shift (NaN).
 
@@ -38,7 +42,9 @@ from posleak.capture.masks import MaskSpec
 from posleak.capture.session import soft_cap
 
 # The per-row statistics, in order (stats[k] is (H, S)).
-SHIFT_STATS = ("kl_all", "kl_pairs", "tv_all", "tv_pairs")
+SHIFT_STATS = ("kl_all", "kl_halves", "tv_all", "tv_halves")
+# Splits of the documents into halves whose forms are averaged (module docstring).
+SHIFT_SPLITS = 8
 # Queries sampled over 1 ≤ i < T beside the early ones (docs/method.md §7).
 SHIFT_QUERIES = 64
 # Float64 elements per (H, rows, keys) array of one block of rows: a few MB, so that a block stays in cache.
@@ -74,20 +80,34 @@ def shift_rows(
 
     `query` (KV, G, T, N, D) and `keys` (KV, T, N, D) are bilinear.Stacked's (float64, the keys scaled); `g`
     (H, W) the relative part of all sequences; `groups` the sequence indices of each document (their union is
-    every sequence). With a single document there are no pairs, and the pair statistics are NaN."""
+    every sequence). With a single document there are no halves, and the half statistics are NaN."""
     heads = query.shape[0] * query.shape[1]
     out = torch.full((len(SHIFT_STATS), heads, len(rows)), float("nan"), dtype=torch.float64, device=query.device)
     rows = rows.to(query.device)
     log_norm_g = torch.logcumsumexp(g, -1)  # LSE_{d' ≤ d} g(d')
-    for start, end in row_blocks(rows, heads):
+    for start, end in row_blocks(rows, heads * len(groups)):
         part = rows[start:end]
         out[..., start:end] = _block_stats(query, keys, mask, softcap, g, log_norm_g, groups, part)
     return out
 
 
+def document_splits(documents: int, splits: int = SHIFT_SPLITS) -> list[tuple[list[int], list[int]]]:
+    """`splits` splits of the documents 0 … C − 1 into halves A and B of ⌊C/2⌋ each (an odd one out in neither):
+    the first in order (A the first ⌊C/2⌋, B the next), the others by a permutation drawn with seed k. None with
+    fewer than two documents."""
+    if documents < 2:
+        return []
+    half = documents // 2
+    orders = [torch.arange(documents)] + [
+        torch.randperm(documents, generator=torch.Generator().manual_seed(k)) for k in range(1, splits)
+    ]
+    return [(order[:half].tolist(), order[half : 2 * half].tolist()) for order in orders]
+
+
 def row_blocks(rows: torch.Tensor, heads: int) -> list[tuple[int, int]]:
     """The blocks (start, end) of the sorted `rows` that shift_rows forms at once: as many rows as keep
-    heads × rows × (keys up to the last of them) within _BLOCK_ELEMENTS (one row at least)."""
+    heads × rows × (keys up to the last of them) within _BLOCK_ELEMENTS (one row at least); shift_rows passes
+    heads × documents, as it holds one such array per document."""
     blocks, start = [], 0
     while start < len(rows):
         keys_upto = rows[start:].double() + 1
@@ -108,8 +128,9 @@ def _block_stats(
     groups: list[torch.Tensor],
     rows: torch.Tensor,
 ) -> torch.Tensor:
-    """SHIFT_STATS of a block of rows (sorted), (4, H, rows), from the mean logits of each document over the keys
-    up to the block's last row, indexed (row, key j); pairs outside the mask weigh 0."""
+    """SHIFT_STATS of a block of rows (sorted), (4, H, rows), from the summed logits of each document over the keys
+    up to the block's last row, indexed (row, key j), the half forms averaged over `document_splits`; pairs outside
+    the mask weigh 0."""
     window = mask.window or query.shape[2]
     first_key = max(0, int(rows[0]) - window + 1)
     key_pos = torch.arange(first_key, int(rows[-1]) + 1, device=query.device)
@@ -118,31 +139,23 @@ def _block_stats(
     log_norm_g_rows = log_norm_g[:, rows.clamp(max=window - 1)]  # LSE over query i's valid offsets of g
     log_q = g_at - log_norm_g_rows[..., None]
     q = log_q.exp().mul_(valid)
-    # per document u (n_u sequences): Σ n_u (p^u − q), Σ n_u log(p^u / q), Σ n_u sign(p^u − q), and the same
-    # document's own products Σ n_u² (p^u − q)·log(p^u / q), Σ n_u² |p^u − q|, which the pairs leave out
-    change, ratio, sign = (torch.zeros_like(q) for _ in range(3))
-    own_kl, own_tv = (torch.zeros(q.shape[:2], dtype=torch.float64, device=q.device) for _ in range(2))
-    summed_all = torch.zeros_like(q)
-    for members in groups:
-        summed = _summed_logits(query, keys, softcap, members, rows, key_pos)
-        summed_all += summed
-        size = len(members)
-        p, log_ratio = _p_and_log_ratio(summed.div_(size), valid, log_q)
-        moved = p.sub_(q)
-        change.add_(moved, alpha=size)
-        ratio.add_(log_ratio, alpha=size)
-        sign.add_(moved.sign(), alpha=size)
-        own_kl += size**2 * _row_dot(moved, log_ratio)
-        own_tv += size**2 * moved.abs().sum(-1)
-    sizes = torch.tensor([len(members) for members in groups], dtype=torch.float64)
-    pairs = float(sizes.sum() ** 2 - (sizes**2).sum())  # ordered pairs of sequences of distinct documents
+    summed = [_summed_logits(query, keys, softcap, members, rows, key_pos) for members in groups]
+    sizes = [len(members) for members in groups]
     out = torch.full((len(SHIFT_STATS), *q.shape[:2]), float("nan"), dtype=torch.float64, device=query.device)
-    p_all, ratio_all = _p_and_log_ratio(summed_all.div_(float(sizes.sum())), valid, log_q)
+    p_all, ratio_all = _p_and_log_ratio(sum(summed) / sum(sizes), valid, log_q)
     change_all = p_all.sub_(q)
     out[0], out[2] = 0.5 * _row_dot(change_all, ratio_all), 0.5 * change_all.abs_().sum(-1)
-    if pairs > 0:
-        out[1] = 0.5 * (_row_dot(change, ratio) - own_kl) / pairs
-        out[3] = 0.5 * (_row_dot(change, sign) - own_tv) / pairs
+    splits = document_splits(len(groups))
+    if splits:
+        out[1], out[3] = 0.0, 0.0
+    for halves in splits:
+        (p_a, ratio_a), (p_b, ratio_b) = (
+            _p_and_log_ratio(sum(summed[u] for u in half) / sum(sizes[u] for u in half), valid, log_q)
+            for half in halves
+        )
+        change_a, change_b = p_a.sub_(q), p_b.sub_(q)
+        out[1] += 0.25 * (_row_dot(change_a, ratio_b) + _row_dot(change_b, ratio_a)) / len(splits)
+        out[3] += 0.25 * (_row_dot(change_a, change_b.sign()) + _row_dot(change_b, change_a.sign())) / len(splits)
     return out
 
 
