@@ -6,7 +6,8 @@ documents (after, docs/method.md §3), per model, as a Markdown table from the r
 OLD_RUNS and NEW_RUNS each hold one run folder per model (the same name in both), written by `posleak analyze`
 with the same options (so the same sequences and resamples) before and after the change. Per model and magnitude:
 the mean over layers with its 95% bootstrap interval (posleak.experiments.evidence.layer_mean, what `posleak
-analyze` prints), before and after, and the interval's width after over before.
+analyze` prints), before and after, and the interval's width after over before. Before, a resample with an empty
+half was NaN and the interval skipped it, as the code of the time did: the table counts them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from posleak.experiments.evidence import layer_mean
+from posleak.experiments.evidence import Estimate, layer_mean
 from posleak.measure import measured_magnitudes
 from posleak.pipeline import AnalysisResult
 from posleak.store import RunFolder
@@ -25,15 +26,17 @@ def _cell(value: float, lo: float, hi: float) -> str:
 
 
 def main(old_root: Path, new_root: Path) -> None:
-    print("| model | magnitude | split halves (before) | all pairs (after) | width after / before |")
-    print("|---|---|---|---|---|")
+    print("| model | magnitude | split halves (before) | resamples dropped | all pairs (after) | width after/before |")
+    print("|---|---|---|---|---|---|")
     for new_run in sorted(p for p in new_root.iterdir() if (p / "per_layer.parquet").exists()):
         old, new = (AnalysisResult.read(RunFolder(root / new_run.name)) for root in (old_root, new_root))
         for measure in measured_magnitudes(old.per_layer, new.per_layer):
             before, after = layer_mean(old, measure), layer_mean(new, measure)
-            (b_lo, b_hi), (a_lo, a_hi) = before.interval, after.interval
+            kept = before.samples[~before.samples.isnan()]
+            (b_lo, b_hi), (a_lo, a_hi) = Estimate(before.value, kept).interval, after.interval
+            dropped = f"{before.samples.numel() - kept.numel()} of {before.samples.numel()}"
             ratio = (a_hi - a_lo) / (b_hi - b_lo)
-            cells = [new_run.name, measure, _cell(before.value, b_lo, b_hi), _cell(after.value, a_lo, a_hi)]
+            cells = [new_run.name, measure, _cell(before.value, b_lo, b_hi), dropped, _cell(after.value, a_lo, a_hi)]
             print("| " + " | ".join([*cells, f"{ratio:.2f}"]) + " |")
 
 

@@ -31,6 +31,7 @@ MAGNITUDES = (
     *(f"resid_{name}" for name in RANGES),
     *(f"resid_{name}_raw" for name in RANGES),
     *(f"mask_{name}_raw" for name in RANGES),
+    *(f"resid_{name}_{part}{raw}" for part in ("key0", "rest") for name in RANGES for raw in ("", "_raw")),
 )
 SHIFTS = tuple(f"shift_{kind}_{name}{raw}" for kind in ("kl", "tv") for name in RANGES for raw in ("", "_raw"))
 SHIFT_QUERIES = 64  # the documented default: at most 64 evenly spaced queries per range
@@ -287,8 +288,19 @@ def reference_layer(
         c = np.zeros((heads, seq_len)) if layer.sigmoid else np.nanmean(deviation, axis=2)  # sigmoid: no row term
         return c, deviation - c[:, :, None]
 
+    def rest(w: np.ndarray) -> np.ndarray:  # w without its key-0 column, each row that has one re-centred over j ≥ 1
+        out = w.copy()
+        for i in range(1, seq_len):
+            if valid[i, i]:  # query i sees key 0 (offset d = i)
+                others = valid[i].copy()
+                others[i] = False
+                out[:, i, others] -= out[:, i, others].mean(axis=1, keepdims=True)
+                out[:, i, i] = 0.0
+        return out
+
     c, w = by_rows(list(range(num_seqs)))
     own = [by_rows([k]) for k in range(num_seqs)]  # each sequence's own c and w
+    w_rest, own_rest = rest(w), [rest(own_w) for _, own_w in own]
     pairs = [(k, m) for k in range(num_seqs) for m in range(num_seqs) if units[k] != units[m]]
     magnitudes = {name: np.full(heads, np.nan) for name in (*MAGNITUDES, *SHIFTS)}  # NaN where a range does not exist
     for name, (lo, hi) in query_ranges(seq_len, early, beyond).items():
@@ -309,6 +321,15 @@ def reference_layer(
         magnitudes[f"mask_{name}_raw"] = np.sqrt(np.maximum(0.0, cov(per_pair(c), per_pair(c))))
         magnitudes[f"mask_count_{name}"] = np.sqrt(np.maximum(0.0, cov(per_pair(m_count), per_pair(m_count))))
         magnitudes[f"resid_{name}_raw"] = np.sqrt(np.maximum(0.0, cov(w, w)))
+        if not layer.sigmoid:  # sigmoid attention's w is not centred per row: no split (NaN)
+            rest_sq, all_sq = cov(w_rest, w_rest), cov(w, w)
+            magnitudes[f"resid_{name}_rest_raw"] = np.sqrt(np.maximum(0.0, rest_sq))
+            magnitudes[f"resid_{name}_key0_raw"] = np.sqrt(np.maximum(0.0, all_sq - rest_sq))
+            if pairs:
+                rest_pairs = np.mean([cov(own_rest[k], own_rest[m]) for k, m in pairs], axis=0)
+                all_pairs = np.mean([cov(own[k][1], own[m][1]) for k, m in pairs], axis=0)
+                for part, value in (("rest", rest_pairs), ("key0", all_pairs - rest_pairs)):
+                    magnitudes[f"resid_{name}_{part}"] = np.sign(value) * np.sqrt(np.abs(value))
         for kind in ("resid", "mask"):
             if not pairs:
                 magnitudes[f"{kind}_{name}"] = np.full(heads, np.nan)

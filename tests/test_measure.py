@@ -614,6 +614,7 @@ def test_tables_have_the_analyze_columns() -> None:
     ]
     assert len(per_head) == layers * heads
     values = [f"{kind}_{name}" for kind in ("mask", "resid") for name in ("early", "all", "beyond")]
+    values += [f"resid_{name}_{part}" for part in ("key0", "rest") for name in ("early", "all", "beyond")]
     assert list(result.per_layer.columns) == [
         "layer",
         "layer_type",

@@ -78,16 +78,21 @@ def test_a_layer_with_no_absolute_position_measures_none() -> None:
 @pytest.mark.parametrize("planted", [dict(sink=4.0), dict(product=1.0)], ids=["sink at key 0", "term in i·j"])
 def test_planted_absolute_position_is_found_at_its_size(planted: dict) -> None:
     """A sink at key 0 and a logit term in i·j: the magnitudes and the shift equal the brute force of the
-    definition (1e-5), that value is well above 0.05 nats, and the interval of resid_all lies above 0.05."""
+    definition (1e-5), that value is well above 0.05 nats, and the interval of resid_all lies above 0.05. The split
+    of w by keys puts each where it is: ≥ 90% of resid_all² in the key-0 column for the sink, in the rest for i·j."""
     capture = planted_layer(2.0, seed=0, **planted)
     result = measured(capture)
     reference = reference_of(capture)
-    for name in ("resid_all", "resid_early", "resid_all_raw", "mask_all", "shift_kl_all", "shift_tv_all"):
+    names = ("resid_all", "resid_early", "resid_all_raw", "resid_all_key0", "resid_all_rest", "mask_all")
+    for name in (*names, "shift_kl_all", "shift_tv_all"):
         ours = result.magnitudes[name][0].numpy()
         assert relative_error(ours, reference[name]) < 1e-5, name
-    assert float(result.layer_means("resid_all")[0]) > 0.2
+    value = {name: float(result.layer_means(name)[0]) for name in ("resid_all", "resid_all_key0", "resid_all_rest")}
+    assert value["resid_all"] > 0.2
     assert float(result.layer_interval("resid_all")[0][0]) > PRESENT
     assert float(result.layer_means("shift_kl_all")[0]) > 0.01
+    where = "resid_all_key0" if "sink" in planted else "resid_all_rest"
+    assert value[where] ** 2 >= 0.9 * value["resid_all"] ** 2, value
 
 
 def test_the_shift_across_halves_tends_to_the_shift_of_the_mean_logits() -> None:

@@ -19,17 +19,20 @@ from posleak.measure import measured_magnitudes
 from posleak.pipeline import AnalysisResult
 
 _NAMES = {"resid": "residual stream", "mask": "causal mask"}
-# The attention shift of w (docs/method.md §7): forms over pairs of documents, means over layers, no interval.
+# The attention shift of w (docs/method.md §7): forms across halves of the documents, means over layers, no interval.
 _SHIFTS = {
     "shift_kl": "attention moved by w, symmetrised KL (nats)",
     "shift_tv": "attention moved by w, total variation",
 }
 _RANGES = {"early": "early queries", "all": "all queries", "beyond": "queries beyond the window"}
+# w split by its keys (docs/method.md §3): resid² = key0² + rest²
+_PARTS = {"key0": "its key-0 column", "rest": "without key 0"}
 
 
 def _what(measure: str) -> str:
-    kind, _, queries = measure.partition("_")
-    return f"{_NAMES[kind]}, {_RANGES[queries]}"
+    kind, _, where = measure.partition("_")
+    queries, _, part = where.partition("_")
+    return f"{_NAMES[kind]}, {_RANGES[queries]}" + (f", {_PARTS[part]}" if part else "")
 
 
 def _interval(lo: float, hi: float, fmt: str, unit: str = "") -> str:

@@ -30,6 +30,14 @@ group's square are quadratic forms in its weights:
 with C_X the column sums over Q of a_X, Σ a_X² = w_Xᵀ G_Q w_X / W_X² (G the Gram matrix of the sequences'
 logits) and Σ_i n_i u_X² expanded into R·R/n, R·P/n and P·P/n per pair of sequences.
 
+**Key 0 apart.** Much of w sits in the column of key 0 (a sink). With w0(i) = w(i, d = i) and, for a query that
+sees key 0, the rest of its row re-centred over keys j ≥ 1, Σ_{j≥1} (w − mean_{j'≥1} w)² = Σ_j w² − (1 + 1/i)·w0²
+(its row sums to 0 and has i keys besides key 0). So over a range's pairs resid² = key0² + rest², with
+key0² = Σ_i (1 + 1/i)·w0(i)² / pairs and rest² = resid² − key0² (`resid_*_key0`, `resid_*_rest`), each a
+quadratic form in the sequences' own w0 (their key-0 logits less their own g and u): corrected over pairs like w.
+A query past a window sees no key 0 and counts wholly in the rest. Sigmoid attention's w is not centred per row:
+no split (NaN).
+
 Everything is computed for R weightings of the N sequences at once: the point estimate is the weighting of all
 ones, a bootstrap resample the number of times each sequence was drawn (bootstrap.py). `Moments` rearranges a
 layer's sums once into per-sequence arrays and N × N matrices, so that a weighting costs a few quadratic forms,
@@ -50,10 +58,15 @@ from posleak.measure.layer_sums import LayerSums
 from posleak.measure.shift import range_queries
 
 RANGES = ("early", "all", "beyond")
+# w split by its keys (module docstring): the part key 0 carries and the rest, re-centred per row (resid² = key0² +
+# rest², each over the range's pairs)
+KEY0_PARTS = ("key0", "rest")
 # Root-mean-square magnitudes: of c noise-corrected (mask_, a signed root) and not (mask_*_raw), of the count term
 # (mask_count_), of w noise-corrected (resid_) and not (resid_*_raw).
-MAGNITUDES = tuple(f"{kind}_{name}" for kind in ("mask", "mask_count", "resid") for name in RANGES) + tuple(
-    f"{kind}_{name}_raw" for kind in ("resid", "mask") for name in RANGES
+MAGNITUDES = (
+    tuple(f"{kind}_{name}" for kind in ("mask", "mask_count", "resid") for name in RANGES)
+    + tuple(f"{kind}_{name}_raw" for kind in ("resid", "mask") for name in RANGES)
+    + tuple(f"resid_{name}_{part}{raw}" for part in KEY0_PARTS for name in RANGES for raw in ("", "_raw"))
 )
 # Means over a range's (sampled) queries and, per layer, over heads: the attention shift of shift.py.
 SHIFTS = tuple(f"shift_{kind}_{name}{raw}" for kind in ("kl", "tv") for name in RANGES for raw in ("", "_raw"))
@@ -158,6 +171,7 @@ class _RangeMoments:
     prefix_prefix: torch.Tensor  # Σ_i Pc_n(i) Pc_m(i) / n_i
     row_total: torch.Tensor  # (N, H): Σ_i R_n(i), the sum of the range's logits
     reaching: torch.Tensor  # (W,): the range's pairs at offset d
+    key0: torch.Tensor  # Σ_{i: key 0 valid} (1 + 1/i) w0_n(i) w0_m(i), w0_n(i) sequence n's own w(i, i)
 
 
 @dataclass
@@ -186,6 +200,11 @@ class Moments:
             )
             reaching = reaching.flip(0).cumsum(0).flip(0)
             r, pc, n = sums.rows[..., span], prefix[..., span], valid[span]
+            # w(i, d = i) of each sequence alone (its own g and u), for the queries of the range that see key 0
+            seen = torch.arange(lo, min(hi, sums.span))
+            key0 = (
+                sums.key0[..., seen] - columns[..., seen] / count[seen] - (sums.rows - prefix)[..., seen] / valid[seen]
+            )
             out[name] = _RangeMoments(
                 span=span,
                 valid=n,
@@ -197,6 +216,7 @@ class Moments:
                 prefix_prefix=torch.einsum("nhi,mhi->hnm", pc / n, pc),
                 row_total=r.sum(-1),
                 reaching=reaching,
+                key0=torch.einsum("nhi,mhi->hnm", key0 * (1 + 1 / seen), key0),
             )
         return Moments(sums, columns, out)
 
@@ -238,11 +258,17 @@ class Moments:
 
         out = {}
         for name in self.ranges:
-            out[f"resid_{name}"] = signed_root(across(f"resid_{name}"))
+            resid, key0 = across(f"resid_{name}"), across(f"key0_{name}")
+            out[f"resid_{name}"] = signed_root(resid)
             out[f"mask_{name}"] = signed_root(across(f"mask_{name}"))
             out[f"resid_{name}_raw"] = squares[f"resid_{name}"].clamp(min=0).sqrt()  # ≥ 0 but for rounding
             out[f"mask_{name}_raw"] = squares[f"mask_{name}"].clamp(min=0).sqrt()
             out[f"mask_count_{name}"] = squares[f"mask_count_{name}"].clamp(min=0).sqrt()
+            if not self.sums.sigmoid:  # sigmoid attention's w is not centred per row: no split (NaN)
+                out[f"resid_{name}_key0"], out[f"resid_{name}_rest"] = signed_root(key0), signed_root(resid - key0)
+                raw_key0 = squares[f"key0_{name}"]
+                out[f"resid_{name}_key0_raw"] = raw_key0.clamp(min=0).sqrt()
+                out[f"resid_{name}_rest_raw"] = (squares[f"resid_{name}"] - raw_key0).clamp(min=0).sqrt()
         # a range the layer does not have (no window: no "beyond") is NaN
         missing = torch.full((weights.shape[0], self.sums.rows.shape[1]), float("nan"), dtype=torch.float64)
         return {name: out.get(name, missing) for name in MAGNITUDES}
@@ -289,6 +315,7 @@ class _Weighting:
         )
         return {
             f"resid_{name}": square / n,
+            f"key0_{name}": quadratic(moments.key0) / n,
             f"mask_{name}": variance(self.c),
             f"mask_count_{name}": variance(self.m_count),
         }

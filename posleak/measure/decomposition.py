@@ -30,6 +30,7 @@ from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.capture.store import LayerCapture
 from posleak.measure.bootstrap import MIN_BOOTSTRAP_UNITS, percentile_interval, redrawn_resamples, resample_weights
 from posleak.measure.components import (
+    KEY0_PARTS,
     MAGNITUDES,
     NOISE_CORRECTION,
     RANGES,
@@ -45,7 +46,10 @@ from posleak.measure.layer_sums import SumsPath, segment_boundaries, sum_layer
 from posleak.measure.regression import DesignMoments, delta_r2, running_sums
 from posleak.measure.shift import SHIFT_QUERIES, shift_queries
 
-LAYER_MAGNITUDES = tuple(f"{kind}_{name}" for kind in ("mask", "resid") for name in RANGES)
+# the per-layer magnitudes with intervals: c and w over each range, and w's key-0 column and the rest of it
+LAYER_MAGNITUDES = tuple(f"{kind}_{name}" for kind in ("mask", "resid") for name in RANGES) + tuple(
+    f"resid_{name}_{part}" for part in KEY0_PARTS for name in RANGES
+)
 # Every per-head measure of a run: the magnitudes (with bootstrap resamples) and the attention shift (without: a
 # resample of it would need a pass over the logits).
 MEASURES = MAGNITUDES + SHIFTS

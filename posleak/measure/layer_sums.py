@@ -5,6 +5,7 @@ From the captured q and k of N sequences (capture/store.py), exact products in f
 - R_n(i) = Σ_d s_{i,i−d}, per sequence n and query i, over the query's valid offsets (`rows`);
 - C_{n,S}(d) = Σ_{i∈S} s_{i,i−d}, per sequence, segment of queries S and offset d (`columns`);
 - G_S[n, n'] = Σ_{i∈S} Σ_d s^n_{i,i−d} s^{n'}_{i,i−d}, per segment and head (`gram`);
+- s^n_{i,0}, the logit of every query on key 0 (`key0`): the sink's column, which the magnitudes split out;
 - over all sequences, Σ_n Σ_d d·s_{i,i−d} per query (for ΔR²) and Σ_n s over the table grid's cells.
 
 Segments cut the queries at every boundary of the measured ranges (0, 1, K and T for "early" = 1 ≤ i < K and
@@ -53,6 +54,7 @@ class LayerSums:
     sigmoid: bool  # sigmoid attention: no normaliser, log Z ≡ 0 and m ≡ 0
     boundaries: tuple[int, ...]  # segment s holds queries boundaries[s] ≤ i < boundaries[s + 1]
     rows: torch.Tensor  # (N, H, T)
+    key0: torch.Tensor  # (N, H, T): s_{i,0}, soft-capped where the model soft-caps (valid or not: i < W)
     log_z: torch.Tensor  # (N, H, T): 0 for sigmoid attention
     columns: torch.Tensor  # (S, N, H, W)
     gram: torch.Tensor  # (S, H, N, N)
@@ -148,6 +150,7 @@ def sum_layer(
     shift_at = torch.zeros(0, dtype=torch.long) if shift_queries is None else shift_queries
     units = unit_ids(capture.num_seqs, units)
     shift = _shift(stacked, facts, columns, shift_at, units)
+    key0 = soft_cap(bilinear.logits_with_key(stacked, 0), facts.softcap)
     return LayerSums(
         layer=capture.layer,
         mask=mask,
@@ -155,13 +158,14 @@ def sum_layer(
         sigmoid=facts.norm == "sigmoid",
         boundaries=boundaries,
         rows=rows.to(host),
+        key0=key0.to(host),
         log_z=capture.log_z.double().to(host),
         columns=columns.to(host),
         gram=gram.to(host),
         offset_weighted=offset_weighted.to(host),
         table=table.to(host),
         table_grid=table_grid,
-        sink_score=_sink_scores(stacked, capture.facts, log_z).to(host),
+        sink_score=_sink_scores(key0, capture.facts, log_z).to(host),
         shift_queries=shift_at,
         shift=shift.to(host),
         units=units,
@@ -221,11 +225,10 @@ def _shift(
     return shift_rows(stacked.stacked_query, stacked.stacked_keys, facts.mask, facts.softcap, g, groups, rows)
 
 
-def _sink_scores(stacked: bilinear.Stacked, facts: CallFacts, log_z: torch.Tensor) -> torch.Tensor:
-    """α₀ per head, (H,): the mean over sequences and queries i ≥ 1 of a_{i,0}, the attention on key 0
-    (0 where a window hides key 0; for sigmoid attention the gate σ(s_{i,0}))."""
-    logits = soft_cap(bilinear.logits_with_key(stacked, 0), facts.softcap)
-    positions = torch.arange(logits.shape[-1], device=logits.device)
+def _sink_scores(key0: torch.Tensor, facts: CallFacts, log_z: torch.Tensor) -> torch.Tensor:
+    """α₀ per head, (H,): the mean over sequences and queries i ≥ 1 of a_{i,0}, the attention on key 0, from the
+    logits on key 0 (0 where a window hides key 0; for sigmoid attention the gate σ(s_{i,0}))."""
+    positions = torch.arange(key0.shape[-1], device=key0.device)
     visible = facts.mask.valid(positions, positions.new_zeros(()))
-    weight = torch.sigmoid(logits) if facts.norm == "sigmoid" else torch.exp(logits - log_z.double())
+    weight = torch.sigmoid(key0) if facts.norm == "sigmoid" else torch.exp(key0 - log_z.double())
     return (weight * visible)[:, :, 1:].mean(dim=(0, 2))

@@ -176,7 +176,9 @@ def report_sections(result: AnalysisResult, paths: dict[str, Path]) -> list[Sect
     closed = result.manifest["closed_system"]
     summary = (
         f"Mean over layers: causal-mask magnitude **{per_layer['mask_all'].mean():.3g}** (all queries), "
-        f"residual-stream magnitude **{per_layer['resid_all'].mean():.3g}** (noise-corrected). "
+        f"residual-stream magnitude **{per_layer['resid_all'].mean():.3g}** (noise-corrected), of which the column "
+        f"of key 0 {per_layer['resid_all_key0'].mean():.3g} and the other keys "
+        f"{per_layer['resid_all_rest'].mean():.3g} (resid² = key0² + rest², docs/method.md §3). "
         f"How much attention w moves (softmax of g + w against softmax of g, all queries): symmetrised KL "
         f"**{per_layer['shift_kl_all'].mean():.3g}** nats, total variation **{per_layer['shift_tv_all'].mean():.3g}** "
         "(means over layers of the noise-corrected shift, docs/method.md §7; no interval). "
@@ -197,7 +199,7 @@ def report_sections(result: AnalysisResult, paths: dict[str, Path]) -> list[Sect
             "Components by layer",
             summary
             + "\n\nMagnitudes are root-mean-square deviations over valid (query, offset) cells, docs/method.md §3; "
-            "bands are bootstrap intervals over sequences.",
+            "bands are bootstrap intervals over documents (§6).",
             figures=[FigureBlock(paths["magnitudes"], "Causal-mask c(i) and residual-stream w(i, d) magnitudes.")],
             tables=[TableBlock("Per layer", per_layer, source="per_layer.parquet")],
         ),
