@@ -11,7 +11,9 @@ correction's pairs and the bootstrap's draws go by document.
 
     python scripts/interval_coverage.py --num-seqs 4 8 16 32 --draws 200 --out docs/results/interval_coverage.csv
 
-prints one line per (setting, N, magnitude) and writes the table, with a Markdown summary beside it (.md).
+prints one line per (setting, N, magnitude) and writes the table, with a Markdown summary beside it (.md);
+`--summary CSV` writes the summary of a table already written. With fewer than four documents there is no interval
+(posleak.measure.bootstrap.MIN_BOOTSTRAP_UNITS), and the summary says so.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from posleak.measure import Decomposition, Grid, MeasureSpec, measure_layer
+from posleak.measure.bootstrap import MIN_BOOTSTRAP_UNITS
 from posleak.measure.planted import Planted, planted_layer
 
 SETTINGS = {
@@ -72,7 +75,11 @@ def main() -> None:
     parser.add_argument("--truth-seqs", type=int, default=256)
     parser.add_argument("--truth-layers", type=int, default=4)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--summary", type=Path, help="write the Markdown summary of this CSV beside it and stop")
     args = parser.parse_args()
+    if args.summary is not None:
+        args.summary.with_suffix(".md").write_text(summary(pd.read_csv(args.summary)))
+        return
     rows = []
     for setting, planted in SETTINGS.items():
         planted = dataclasses.replace(planted, seq_len=args.seq_len)
@@ -108,7 +115,13 @@ def main() -> None:
 def summary(table: pd.DataFrame) -> str:
     """Coverage by layout and N (rows) and magnitude (columns), each cell the range over the settings."""
     cells = table.groupby(["layout", "num_seqs", "documents", "magnitude"])["coverage"].agg(["min", "max"])
-    wide = cells.apply(lambda r: f"{100 * r['min']:.1f}–{100 * r['max']:.1f}%", axis=1).unstack("magnitude")
+
+    def cell(row: pd.Series) -> str:
+        if row.name[2] < MIN_BOOTSTRAP_UNITS:
+            return f"no interval (< {MIN_BOOTSTRAP_UNITS} documents)"
+        return f"{100 * row['min']:.1f}–{100 * row['max']:.1f}%"
+
+    wide = cells.apply(cell, axis=1).unstack("magnitude")
     first = table.iloc[0]
     lines = [
         f"Coverage of 95% intervals on planted layers (T = {first.seq_len}, {first.draws} draws, "

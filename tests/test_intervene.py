@@ -572,7 +572,7 @@ def test_effect_is_the_percent_change_per_layer_and_of_the_layer_means() -> None
     over layers, not the mean of the per-layer changes."""
     baseline, intervened, arrays = _hand_built_runs()
     effect = effect_table(baseline, intervened)
-    assert sorted(effect["measure"].unique()) == sorted(LAYER_MAGNITUDES)
+    assert sorted(effect["measure"].unique()) == sorted(RATIOS)  # the magnitudes both runs have
     for measure, ratio in RATIOS.items():
         base, new = arrays[measure][:2]
         rows = effect[effect["measure"] == measure].set_index("layer")
@@ -703,8 +703,9 @@ def test_intervene_ends_with_the_headline_effects_and_writes_strict_json(
     start = next(k for k, line in enumerate(lines) if line.startswith("headline: intervened against baseline"))
     base, new = (pd.read_parquet(out / name / "per_layer.parquet") for name in ("baseline", "intervened"))
     effect = pd.read_parquet(out / "effect.parquet").query("layer == -1").set_index("measure")
-    measures = ["mask_early", "mask_all", "resid_early", "resid_all"]
-    for line, measure in zip(lines[start + 1 : start + 5], measures, strict=True):
+    measures = ["mask_early", "mask_all", "resid_early", "resid_all", "resid_early_key0", "resid_all_key0",
+                "resid_early_rest", "resid_all_rest"]  # fmt: skip
+    for line, measure in zip(lines[start + 1 : start + 9], measures, strict=True):
         b, n, e = base[measure].mean(), new[measure].mean(), effect.loc[measure]
         assert line.split(maxsplit=1) == [
             measure,
@@ -712,12 +713,12 @@ def test_intervene_ends_with_the_headline_effects_and_writes_strict_json(
         ]
     scores = pd.read_parquet(out / "behaviour.parquet").query("bucket == 'all'").set_index("measure")
     loss, accuracy = scores.loc["loss"], scores.loc["accuracy"]
-    assert lines[start + 5] == (
+    assert lines[start + 9] == (
         f"  next-token loss, all queries: {loss['baseline']:.4g} → {loss['intervened']:.4g} nats, "
         f"{loss['change']:+.3g} ({loss['change_lo']:+.3g} to {loss['change_hi']:+.3g})"
     )
-    assert lines[start + 6].startswith(f"  top-1 accuracy, all queries: {100 * accuracy['baseline']:.1f}% → ")
-    assert len(lines) == start + 7
+    assert lines[start + 10].startswith(f"  top-1 accuracy, all queries: {100 * accuracy['baseline']:.1f}% → ")
+    assert len(lines) == start + 11
     files = strict_json_files(out)
     assert {out / "manifest.json", out / "baseline" / "manifest.json", out / "intervened" / "manifest.json"} <= set(
         files

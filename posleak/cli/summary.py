@@ -84,8 +84,9 @@ def analysis_lines(result: AnalysisResult) -> list[str]:
 def intervention_lines(run: InterventionRun) -> list[str]:
     """The change of each magnitude's mean over layers and of the next-token loss and accuracy (all queries)."""
     overall = run.effect[run.effect["layer"] == OVERALL]
+    unit = run.baseline.manifest.get("measurement", {}).get("bootstrap", {}).get("unit", "sequence")
     lines = [
-        "headline: intervened against baseline, paired 95% bootstrap intervals over sequences; magnitudes: the change "
+        f"headline: intervened against baseline, paired 95% bootstrap intervals over {unit}s; magnitudes: the change "
         "of the mean over layers (docs/method.md §9, §11)"
     ]
     width = max(len(m) for m in overall["measure"])
