@@ -62,7 +62,8 @@ RANGES = ("early", "all", "beyond")
 # rest², each over the range's pairs)
 KEY0_PARTS = ("key0", "rest")
 # Root-mean-square magnitudes: of c noise-corrected (mask_, a signed root) and not (mask_*_raw), of the count term
-# (mask_count_), of w noise-corrected (resid_) and not (resid_*_raw).
+# (mask_count_), of w noise-corrected (resid_) and not (resid_*_raw), and of w's key-0 column and the rest of it
+# (resid_*_key0, resid_*_rest; corrected, and raw with _raw).
 MAGNITUDES = (
     tuple(f"{kind}_{name}" for kind in ("mask", "mask_count", "resid") for name in RANGES)
     + tuple(f"{kind}_{name}_raw" for kind in ("resid", "mask") for name in RANGES)
