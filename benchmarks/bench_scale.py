@@ -42,10 +42,8 @@ window), b = 128 positions per Gram block, A = ⌈T / b⌉ blocks, c = the grid'
   materialised (layer_sums._materialised), per block of r query rows (N·H·r·W ≤ 2²¹ logits, r ≤ 64) ending at
   q1: logits 2·N·H·D·r·(r + min(q1, W) − 1) and Gram 2·N²·H·r·min(q1, W);
   both paths, the attention shift (posleak/measure/shift.py), per block of its sampled rows (shift.row_blocks)
-  against the k keys from the first row's first valid key to the last row (blocks sized for one array per document:
-  shift.row_blocks with H·C), 2·H·rows·k·(N·D + 1 + 4·S), the summed logits of each of the C documents (N·D wide
-  in all; here C = N, each sequence its own) and the row-wise dot products: the raw form's and four per split of
-  the documents into halves (S = shift.SHIFT_SPLITS).
+  against the k keys from the first row's first valid key to the last row: 2·H·rows·k·(N·D + 5), the mean
+  logits of the two halves of the documents (N·D wide in all) and five row-wise dot products.
 Every term but the FFTs and the rows' products is a matrix product whose count tests/test_benchmarks.py checks
 against torch's own FlopCounterMode. The elementwise passes (prefix sums, masks, casts, binning) are not
 counted: they are bound by memory, not arithmetic, so the GFLOP/s is the rate of the arithmetic above, a lower
@@ -80,7 +78,7 @@ from posleak.capture.store import CallFacts, LayerCapture
 from posleak.device import Placement
 from posleak.measure import Grid, MeasureSpec, measure_layer, segment_boundaries
 from posleak.measure.layer_sums import SumsPath, choose_path
-from posleak.measure.shift import SHIFT_SPLITS, row_blocks, shift_queries
+from posleak.measure.shift import row_blocks, shift_queries
 from posleak.store.jsonfile import dumps
 
 PAPER_QUICK_ANALYSES = 26  # 13 per sample × 2 samples (module docstring)
@@ -197,9 +195,9 @@ def _shift_work(shape: Shape, spec: MeasureSpec) -> float:
     rows = shift_queries(spec.ranges, spec.shift_queries)
     window = shape.window or spec.seq_len
     total = 0.0
-    for start, end in row_blocks(rows, shape.heads * spec.num_seqs):
+    for start, end in row_blocks(rows, shape.heads):
         keys = int(rows[end - 1]) + 1 - max(0, int(rows[start]) - window + 1)
-        total += 2 * shape.heads * (end - start) * keys * (spec.num_seqs * shape.head_dim + 1 + 4 * SHIFT_SPLITS)
+        total += 2 * shape.heads * (end - start) * keys * (spec.num_seqs * shape.head_dim + 5)
     return total
 
 

@@ -204,43 +204,29 @@ def _softmax(row: np.ndarray) -> np.ndarray:
     return weights / weights.sum(axis=-1, keepdims=True)
 
 
-def _splits(documents: int, splits: int = 8) -> list[tuple[list[int], list[int]]]:
-    """The documented splits of C documents into halves of ⌊C/2⌋ (docs/method.md §7): the first in order, then by
-    the permutation torch draws with seed k, for k = 1 … 7."""
-    half = documents // 2
-    orders = [list(range(documents))]
-    orders += [torch.randperm(documents, generator=torch.Generator().manual_seed(k)).tolist() for k in range(1, splits)]
-    return [(order[:half], order[half : 2 * half]) for order in orders] if documents >= 2 else []
-
-
 def _shift(s: np.ndarray, g: np.ndarray, valid: np.ndarray, units: list, rows: list[int]) -> dict[str, np.ndarray]:
     """The attention shift of docs/method.md §7 over `rows`, each (H,): for each query, with p the softmax over the
-    valid keys of the mean logits (of all sequences, of each half of the documents) and q that of g, the
-    symmetrised KL ½ Σ (p − q)(log p − log q) and the TV ½ Σ |p − q| of all sequences (raw), and across the halves
-    ½ Σ (p_A − q)(log p_B − log q) (and B against A, averaged) and ¼ Σ [(p_A − q) sign(p_B − q) + (B, A)], each
-    averaged over the splits of the documents (in order of first appearance) into halves."""
+    valid keys of the mean logits (of all sequences, of each half) and q that of g, the symmetrised KL
+    ½ Σ (p − q)(log p − log q) and the TV ½ Σ |p − q| of all sequences (raw), and across the halves
+    ½ Σ (p_A − q)(log p_B − log q) (and B against A, averaged) and ¼ Σ [(p_A − q) sign(p_B − q) + (B, A)]. Half A
+    is the sequences of the first ⌊C/2⌋ of the C documents in order of first appearance, B of the next ⌊C/2⌋."""
     documents = list(dict.fromkeys(units))
-
-    def sequences_of(half: list[int]) -> list[int]:
-        return [k for k, unit in enumerate(units) if unit in {documents[d] for d in half}]
-
-    splits = [(sequences_of(a), sequences_of(b)) for a, b in _splits(len(documents))]
+    half = len(documents) // 2
+    halves = tuple([k for k, unit in enumerate(units) if unit in documents[lo : lo + half]] for lo in (0, half))
     per_row = []
     for i in rows:
         keys = valid[i]
         q = _softmax(g[:, keys])
         row = s[:, :, i]  # a view: indexing s by a group first would copy every query's logits
         p_all = _softmax(row[:, :, keys].mean(axis=0))
-        kl, tv = np.full(q.shape[0], np.nan), np.full(q.shape[0], np.nan)
-        if splits:
-            kl, tv = np.zeros(q.shape[0]), np.zeros(q.shape[0])
-        for half_a, half_b in splits:
-            da = _softmax(row[half_a][:, :, keys].mean(axis=0)) - q
-            db = _softmax(row[half_b][:, :, keys].mean(axis=0)) - q
-            kl += 0.25 * ((da * np.log((db + q) / q)).sum(axis=1) + (db * np.log((da + q) / q)).sum(axis=1))
-            tv += 0.25 * (da * np.sign(db) + db * np.sign(da)).sum(axis=1)
-        kl_all = 0.5 * ((p_all - q) * np.log(p_all / q)).sum(axis=1)
-        per_row.append([kl_all, kl / max(1, len(splits)), 0.5 * np.abs(p_all - q).sum(1), tv / max(1, len(splits))])
+        nan = np.full(q.shape[0], np.nan)
+        stats = [0.5 * ((p_all - q) * np.log(p_all / q)).sum(axis=1), nan, 0.5 * np.abs(p_all - q).sum(1), nan]
+        if half:
+            pa, pb = (_softmax(row[group][:, :, keys].mean(axis=0)) for group in halves)
+            da, db = pa - q, pb - q
+            stats[1] = 0.25 * ((da * np.log(pb / q)).sum(axis=1) + (db * np.log(pa / q)).sum(axis=1))
+            stats[3] = 0.25 * (da * np.sign(db) + db * np.sign(da)).sum(axis=1)
+        per_row.append(stats)
     kl_all, kl_halves, tv_all, tv_halves = np.mean(per_row, axis=0)
     return {"kl": kl_halves, "kl_raw": kl_all, "tv": tv_halves, "tv_raw": tv_all}
 

@@ -142,8 +142,8 @@ def row_term(sums: LayerSums, weights: torch.Tensor) -> tuple[torch.Tensor, torc
 
 def shifts(sums: LayerSums, ranges: dict[str, tuple[int, int]], sampled: int) -> dict[str, torch.Tensor]:
     """Every measure of SHIFTS, each (H,): per range the mean over its sampled queries (shift.range_queries) of
-    the per-query statistics of shift.py, across halves of the documents (averaged over splits) and raw. NaN for a
-    range the layer does not have."""
+    the per-query statistics of shift.py, across two halves of the documents (the mean of A against B and B against
+    A for the symmetrised KL) and raw. NaN for a range the layer does not have."""
     heads = sums.rows.shape[1]
     out = {name: torch.full((heads,), float("nan"), dtype=torch.float64) for name in SHIFTS}
     position = {int(query): k for k, query in enumerate(sums.shift_queries)}
@@ -151,8 +151,8 @@ def shifts(sums: LayerSums, ranges: dict[str, tuple[int, int]], sampled: int) ->
         wanted = range_queries(lo, hi, sampled).tolist()
         if not wanted or any(query not in position for query in wanted):
             continue
-        kl_all, kl_halves, tv_all, tv_halves = sums.shift[..., [position[q] for q in wanted]].mean(-1)
-        out[f"shift_kl_{name}"], out[f"shift_kl_{name}_raw"] = kl_halves, kl_all
+        kl_all, kl_ab, kl_ba, tv_all, tv_halves = sums.shift[..., [position[q] for q in wanted]].mean(-1)
+        out[f"shift_kl_{name}"], out[f"shift_kl_{name}_raw"] = (kl_ab + kl_ba) / 2, kl_all
         out[f"shift_tv_{name}"], out[f"shift_tv_{name}_raw"] = tv_halves, tv_all
     return out
 

@@ -37,7 +37,7 @@ from posleak.measure import bilinear
 from posleak.measure.bootstrap import unit_ids
 from posleak.measure.grid import Grid
 from posleak.measure.offset_blocks import offset_block, reverse_keys
-from posleak.measure.shift import SHIFT_STATS, shift_rows
+from posleak.measure.shift import SHIFT_STATS, document_halves, shift_rows
 
 SumsPath = Literal["auto", "bilinear", "materialised"]
 # Float64 logits per block of the materialised path (N·H·rows·W): a few MB, so the block stays in cache.
@@ -63,7 +63,7 @@ class LayerSums:
     table_grid: Grid
     sink_score: torch.Tensor  # (H,): α₀, the mean attention on key 0 over queries i ≥ 1
     shift_queries: torch.Tensor  # (S,): the queries of the attention shift's rows (shift.py)
-    shift: torch.Tensor  # (4, H, S): shift.SHIFT_STATS of each of those queries (NaN for sigmoid attention)
+    shift: torch.Tensor  # (5, H, S): shift.SHIFT_STATS of each of those queries (NaN for sigmoid attention)
     units: torch.Tensor  # (N,): each sequence's unit (its document); the noise correction pairs distinct units
     device: str = "cpu"  # where the float64 products and sums were formed (the tensors here are on the CPU)
 
@@ -221,7 +221,7 @@ def _shift(
     num_seqs, seq_len, span = columns.shape[1], stacked.stacked_query.shape[2], columns.shape[-1]
     count = seq_len - torch.arange(span, dtype=torch.float64, device=columns.device)
     g = columns.sum((0, 1)) / (num_seqs * count)
-    groups = [torch.nonzero(units == unit)[:, 0] for unit in torch.unique(units)]
+    groups = document_halves(units)
     return shift_rows(stacked.stacked_query, stacked.stacked_keys, facts.mask, facts.softcap, g, groups, rows)
 
 

@@ -5,22 +5,22 @@ cancels in a softmax). Since g + w = mean ℓ − c and mean ℓ = a − log Z, 
 over sequences of the logits, and needs no g; q_i needs only g. Per query posleak forms
 
 - the symmetrised KL divergence ½[KL(p‖q) + KL(q‖p)] = ½ Σ_d (p − q)(log p − log q), for the mean logits of all
-  sequences (raw) and across two halves of the documents, ½ Σ_d (p^A − q)(log p^B − log q) and the same with A
-  and B swapped. Halves of distinct documents are independent, so the noise of one does not meet the noise of the
-  other: with no w, E[p^A − q] and E[log p^B − log q] are each of second order in the noise and their product of
-  fourth; the raw form's noise is of second order (measured on planted layers with no w at σ = 4: raw 0.47–0.76
-  nats, across halves 0.00x);
+  sequences (raw) and across two halves of the documents (`document_halves`): ½ Σ_d (p^A − q)(log p^B − log q)
+  and the same with A and B swapped. Halves of distinct documents are independent, so the noise of one does not
+  meet the noise of the other: with no w, E[p^A − q] and E[log p^B − log q] are each of second order in the
+  noise and their product of fourth; the raw form's noise is of second order (measured on planted layers with no
+  w at σ = 4: raw 0.47–0.76 nats, across the halves 0.00x);
 - the total variation ½ Σ_d |p − q| for all sequences, and across the halves ¼ Σ_d [(p^A − q) sign(p^B − q) +
   (p^B − q) sign(p^A − q)]: A's change signed by B's, 0 in expectation with no w and never above the true TV in
   expectation (E[x·sign(x + e)] ≤ |x|).
 
 Halves, not every pair of documents as the magnitudes take (components.py): the shift is not linear in the logits,
 and p^u of a single document is the softmax of one window's logits, whose mean over windows is not the softmax of
-the mean logits: on a planted layer with a sink at key 0 (σ = 2) the form over pairs of single windows stays at
+the mean logits. On a planted layer with a sink at key 0 (σ = 2) a form over pairs of single windows stayed at
 0.37 nats at every N while the shift it estimates (the raw form at N = 256) is 0.70; the halves' form tends to it
-(0.63 at N = 16, 0.68 at 64, 0.69 at 256). What the halves leave unused is taken up by averaging the forms over
-SHIFT_SPLITS splits of the documents into halves (`document_splits`): the first in input order (the split used
-alone until 2026-12-05), the others drawn by a fixed seed; each split is as good an estimate as any other.
+(0.63 at N = 16, 0.68 at 64, 0.69 at 256). Averaging the halves' form over 8 random splits of the documents did not
+narrow its spread over seeds on those layers (0.0155 against 0.0154 nats with the sink, the same to 0.0001 with
+no position; 2026-12-05), so one split is taken, in order.
 
 The symmetrised KL rather than KL(p‖q) alone because its split-half form exists: KL(p‖q) has no product form
 whose halves' noise cancels (a split-half jackknife of it left 0.05–0.22 nats on those planted layers). Both
@@ -42,9 +42,7 @@ from posleak.capture.masks import MaskSpec
 from posleak.capture.session import soft_cap
 
 # The per-row statistics, in order (stats[k] is (H, S)).
-SHIFT_STATS = ("kl_all", "kl_halves", "tv_all", "tv_halves")
-# Splits of the documents into halves whose forms are averaged (module docstring).
-SHIFT_SPLITS = 8
+SHIFT_STATS = ("kl_all", "kl_ab", "kl_ba", "tv_all", "tv_halves")
 # Queries sampled over 1 ≤ i < T beside the early ones (docs/method.md §7).
 SHIFT_QUERIES = 64
 # Float64 elements per (H, rows, keys) array of one block of rows: a few MB, so that a block stays in cache.
@@ -67,6 +65,17 @@ def shift_queries(ranges: dict[str, tuple[int, int]], sampled: int = SHIFT_QUERI
     return torch.unique(torch.cat([range_queries(lo, hi, sampled) for lo, hi in ranges.values()]))
 
 
+def document_halves(units: torch.Tensor) -> list[torch.Tensor]:
+    """The sequence indices of half A, half B and of the rest, by document: of C documents numbered in order of
+    first appearance (`units`, posleak.measure.bootstrap), A holds the first ⌊C/2⌋, B the next ⌊C/2⌋, the rest an
+    odd last one. With one window per document that is the sequences' input order."""
+    half = (int(units.max()) + 1) // 2
+    return [
+        torch.nonzero(in_half)[:, 0]
+        for in_half in (units < half, (units >= half) & (units < 2 * half), units >= 2 * half)
+    ]
+
+
 def shift_rows(
     query: torch.Tensor,
     keys: torch.Tensor,
@@ -76,38 +85,24 @@ def shift_rows(
     groups: list[torch.Tensor],
     rows: torch.Tensor,
 ) -> torch.Tensor:
-    """SHIFT_STATS of each query in `rows`, (4, H, S), float64 on the device of `query`.
+    """SHIFT_STATS of each query in `rows`, (5, H, S), float64 on the device of `query`.
 
     `query` (KV, G, T, N, D) and `keys` (KV, T, N, D) are bilinear.Stacked's (float64, the keys scaled); `g`
-    (H, W) the relative part of all sequences; `groups` the sequence indices of each document (their union is
-    every sequence). With a single document there are no halves, and the half statistics are NaN."""
+    (H, W) the relative part of all sequences; `groups` the sequence indices of half A, half B and any
+    sequence in neither (their union is every sequence)."""
     heads = query.shape[0] * query.shape[1]
     out = torch.full((len(SHIFT_STATS), heads, len(rows)), float("nan"), dtype=torch.float64, device=query.device)
     rows = rows.to(query.device)
     log_norm_g = torch.logcumsumexp(g, -1)  # LSE_{d' ≤ d} g(d')
-    for start, end in row_blocks(rows, heads * len(groups)):
+    for start, end in row_blocks(rows, heads):
         part = rows[start:end]
         out[..., start:end] = _block_stats(query, keys, mask, softcap, g, log_norm_g, groups, part)
     return out
 
 
-def document_splits(documents: int, splits: int = SHIFT_SPLITS) -> list[tuple[list[int], list[int]]]:
-    """`splits` splits of the documents 0 … C − 1 into halves A and B of ⌊C/2⌋ each (an odd one out in neither):
-    the first in order (A the first ⌊C/2⌋, B the next), the others by a permutation drawn with seed k. None with
-    fewer than two documents."""
-    if documents < 2:
-        return []
-    half = documents // 2
-    orders = [torch.arange(documents)] + [
-        torch.randperm(documents, generator=torch.Generator().manual_seed(k)) for k in range(1, splits)
-    ]
-    return [(order[:half].tolist(), order[half : 2 * half].tolist()) for order in orders]
-
-
 def row_blocks(rows: torch.Tensor, heads: int) -> list[tuple[int, int]]:
     """The blocks (start, end) of the sorted `rows` that shift_rows forms at once: as many rows as keep
-    heads × rows × (keys up to the last of them) within _BLOCK_ELEMENTS (one row at least); shift_rows passes
-    heads × documents, as it holds one such array per document."""
+    heads × rows × (keys up to the last of them) within _BLOCK_ELEMENTS (one row at least)."""
     blocks, start = [], 0
     while start < len(rows):
         keys_upto = rows[start:].double() + 1
@@ -128,9 +123,8 @@ def _block_stats(
     groups: list[torch.Tensor],
     rows: torch.Tensor,
 ) -> torch.Tensor:
-    """SHIFT_STATS of a block of rows (sorted), (4, H, rows), from the summed logits of each document over the keys
-    up to the block's last row, indexed (row, key j), the half forms averaged over `document_splits`; pairs outside
-    the mask weigh 0."""
+    """SHIFT_STATS of a block of rows (sorted), (5, H, rows), from the mean logits of each group over the keys
+    up to the block's last row, indexed (row, key j); pairs outside the mask weigh 0."""
     window = mask.window or query.shape[2]
     first_key = max(0, int(rows[0]) - window + 1)
     key_pos = torch.arange(first_key, int(rows[-1]) + 1, device=query.device)
@@ -139,23 +133,21 @@ def _block_stats(
     log_norm_g_rows = log_norm_g[:, rows.clamp(max=window - 1)]  # LSE over query i's valid offsets of g
     log_q = g_at - log_norm_g_rows[..., None]
     q = log_q.exp().mul_(valid)
-    summed = [_summed_logits(query, keys, softcap, members, rows, key_pos) for members in groups]
-    sizes = [len(members) for members in groups]
+    summed = {
+        name: _summed_logits(query, keys, softcap, members, rows, key_pos)
+        for name, members in zip(("a", "b", "rest"), groups, strict=True)
+        if len(members)
+    }
+    sizes = {name: len(members) for name, members in zip(("a", "b", "rest"), groups, strict=True)}
     out = torch.full((len(SHIFT_STATS), *q.shape[:2]), float("nan"), dtype=torch.float64, device=query.device)
-    p_all, ratio_all = _p_and_log_ratio(sum(summed) / sum(sizes), valid, log_q)
+    p_all, ratio_all = _p_and_log_ratio(sum(summed.values()) / sum(sizes.values()), valid, log_q)
     change_all = p_all.sub_(q)
-    out[0], out[2] = 0.5 * _row_dot(change_all, ratio_all), 0.5 * change_all.abs_().sum(-1)
-    splits = document_splits(len(groups))
-    if splits:
-        out[1], out[3] = 0.0, 0.0
-    for halves in splits:
-        (p_a, ratio_a), (p_b, ratio_b) = (
-            _p_and_log_ratio(sum(summed[u] for u in half) / sum(sizes[u] for u in half), valid, log_q)
-            for half in halves
-        )
+    out[0], out[3] = 0.5 * _row_dot(change_all, ratio_all), 0.5 * change_all.abs_().sum(-1)
+    if "a" in summed and "b" in summed:
+        (p_a, ratio_a), (p_b, ratio_b) = (_p_and_log_ratio(summed[x].div_(sizes[x]), valid, log_q) for x in "ab")
         change_a, change_b = p_a.sub_(q), p_b.sub_(q)
-        out[1] += 0.25 * (_row_dot(change_a, ratio_b) + _row_dot(change_b, ratio_a)) / len(splits)
-        out[3] += 0.25 * (_row_dot(change_a, change_b.sign()) + _row_dot(change_b, change_a.sign())) / len(splits)
+        out[1], out[2] = 0.5 * _row_dot(change_a, ratio_b), 0.5 * _row_dot(change_b, ratio_a)
+        out[4] = 0.25 * (_row_dot(change_a, change_b.sign()) + _row_dot(change_b, change_a.sign()))
     return out
 
 
