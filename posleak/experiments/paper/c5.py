@@ -38,7 +38,7 @@ def claim_c5(changes: Mapping[str, Estimate]) -> Judgement:
     rows = []
     low, high = BOS_BAND
     for kind, change in changes.items():
-        removed = Estimate(-change.value, -change.samples)
+        removed = Estimate(-change.value, -change.samples, change.units)
         lo, hi = removed.interval
         says: Says = "supports" if low <= lo and hi <= high else "contradicts" if hi < low or lo > high else "unclear"
         # a band has no one-sided p-value: the row is judged on its interval, and as the one deciding row Holm's
