@@ -18,6 +18,10 @@ from posleak.experiments.evidence import (
     seed_mean,
     sequence_mean,
 )
+from posleak.experiments.paper.c5 import claim_c5
+from posleak.experiments.paper.corpora import side_by_side
+from posleak.experiments.paper.effects import POOLED, PROJECTION_NOTE, add_effects
+from posleak.experiments.paper.verdict import Claim, Judgement, fact, judge, row
 from posleak.pipeline import AnalysisResult
 
 
@@ -99,3 +103,104 @@ def test_an_estimate_counts_the_documents_its_run_resamples() -> None:
     values = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
     assert sequence_mean(values, 20, 0, (0, 0, 1, 2)).units == 3
     assert sequence_mean(values, 20, 0).units == 4
+
+
+def _claim(a: list[dict], b: list[dict], name: str = "C1") -> Claim:
+    """A claim judged on samples A and B of the stdlib, from their rows."""
+    return _judged({"A": judge(a), "B": judge(b)}, name)
+
+
+def _judged(samples: dict[str, Judgement], name: str = "C1") -> Claim:
+    claim = Claim(name, "A statement.", "criterion", samples, "method")
+    claim.corpora = {"stdlib": {"name": "stdlib", "sha256": "0" * 64, "origin": None, "samples": ["A", "B"]}}
+    claim.models = {"standard": {"spec": "smollm2-135m", "sha256": "1" * 64}}
+    return claim
+
+
+def _inconclusive() -> Claim:
+    """A and B share the resamples of "edge" and "wrong", so the pooled interval is each one's, from 8 + 8 = 16
+    documents: half-width 0.2 against a gap of 0.1 projects 16·(0.2/0.1)² = 64 documents per sample."""
+    decided = row("decided", _exact(1.0, 0.1, 8), 0.05, "above", "nats")
+    edge = row("edge", _exact(0.3, 0.2, 8), 0.2, "above", "nats")  # 0.1 to 0.5 against > 0.2: unclear
+    wrong = row("wrong", _exact(0.1, 0.2, 8), 0.2, "above", "nats")  # −0.1 to 0.3, the value short of it
+    seeds = row("seeds", _exact(0.3, 0.2, None), 0.2, "above", "nats")  # a lab row: over seeds
+    untested = fact("untested", 0, False, False, "> 0 to test")
+    reported = row("reported", _exact(0.0, 0.1, 8), 0.05, "above", "nats", deciding=False)
+    a = Estimate(1.0, torch.tensor([0.8, 1.0, 1.2, 1.1], dtype=torch.float64), 8)  # as in the hand computation
+    b = Estimate(2.0, torch.tensor([2.4, 1.6, 2.0, 2.2], dtype=torch.float64), 24)
+    a_weighted, b_weighted = (row("weighted", e, 0.5, "above", "nats") for e in (a, b))
+    return _claim(
+        [decided, edge, wrong, seeds, untested, reported, a_weighted],
+        [decided, edge, wrong, seeds, untested, reported, b_weighted],
+    )
+
+
+def test_each_deciding_row_is_pooled_and_each_row_left_unclear_projected() -> None:
+    """Every deciding row with an estimate in both samples is pooled (an exact row is not, a reported row is not);
+    a row decided in both samples has no projection; the others have one, or say why not. The verdict is the
+    samples' still."""
+    claim = _inconclusive()
+    add_effects([claim])
+    assert claim.verdict == "inconclusive"
+    pooled_rows = {e["evidence"]: e for e in claim.pooled}
+    assert list(pooled_rows) == ["decided", "edge", "wrong", "seeds", "weighted"]
+    weighted = pooled_rows["weighted"]
+    assert weighted["value"] == pytest.approx(1.75) and weighted["documents"] == {"A": 8, "B": 24}
+    by_hand = np.quantile([2.0, 1.45, 1.8, 1.925], [0.025, 0.975])
+    assert (weighted["lo"], weighted["hi"]) == pytest.approx(tuple(by_hand))
+    assert weighted["says"] == "supports" and weighted["weights"] == "documents" and weighted["label"] == POOLED
+    assert pooled_rows["edge"]["samples"] == {"A": "unclear", "B": "unclear"} and pooled_rows["edge"]["agree"]
+    assert (pooled_rows["edge"]["lo"], pooled_rows["edge"]["hi"]) == pytest.approx((0.1, 0.5))
+    assert pooled_rows["seeds"]["weights"] == "equal"
+    projected = {e["evidence"]: e for e in claim.projection}
+    assert list(projected) == ["edge", "wrong", "seeds", "untested"]  # "decided" and "weighted" decide in A and B
+    assert (projected["edge"]["documents_needed"], projected["edge"]["would_say"]) == (64, "supports")
+    assert (projected["wrong"]["documents_needed"], projected["wrong"]["would_say"]) == (64, "contradicts")
+    assert projected["edge"]["documents"] == {"A": 8, "B": 8}
+    assert projected["seeds"]["documents_needed"] is None and "seeds" in projected["seeds"]["why_none"]
+    assert projected["untested"]["why_none"].startswith("an exact row")
+    assert all(e["label"] == PROJECTION_NOTE for e in claim.projection)
+
+
+def test_a_sample_that_disagrees_is_shown_beside_the_pooled_row_and_a_decided_claim_has_no_projection() -> None:
+    near = row("near", _exact(0.3, 0.05, 8), 0.2, "above", "nats")  # 0.25 to 0.35: supports
+    far = row("near", _exact(0.3, 0.2, 8), 0.2, "above", "nats")  # 0.1 to 0.5: unclear
+    claim = _claim([near], [far])
+    add_effects([claim])
+    [e] = claim.pooled
+    assert e["samples"] == {"A": "supports", "B": "unclear"} and not e["agree"]
+    [p] = claim.projection
+    assert p["documents_needed"] is not None and p["documents_needed"] > 8 and p["would_say"] == "supports"
+    consistent = _claim([near], [near])
+    add_effects([consistent])
+    assert consistent.verdict == "consistent" and consistent.projection == [] and len(consistent.pooled) == 1
+
+
+def test_a_band_is_pooled_and_projected_against_both_ends() -> None:
+    """C5's row, judged against the band 20–60%: removed 25% ± 10 (15 to 35), 8 + 8 documents, lies inside and
+    meets the low end first: 16·(10/5)² = 64 documents; outside, at 70% ± 20, the high end decides a
+    contradiction at 16·(20/10)² = 64."""
+    for removed, would in ((25.0, "supports"), (70.0, "contradicts")):
+        change = _exact(-removed, 2 * (removed - 20) if removed < 60 else 20.0, 8)
+        judged = claim_c5({"mean": change})
+        claim = _judged({"A": judged, "B": judged}, "C5")
+        add_effects([claim])
+        [e] = claim.pooled
+        assert e["value"] == pytest.approx(removed) and e["threshold"] == "20–60" and e["says"] == "unclear"
+        [p] = claim.projection
+        assert (p["would_say"], p["documents_needed"]) == (would, 64)
+
+
+def test_on_two_corpora_each_corpus_pools_its_own_samples() -> None:
+    """The samples of each corpus pool together, never across corpora; the tables name the corpus."""
+    per_corpus = {}
+    for corpus, centre in (("stdlib", 0.3), ("bible-web", 0.9)):
+        edge = row("edge", _exact(centre, 0.2, 8), 0.2, "above", "nats")
+        claim = _claim([edge], [edge])
+        claim.corpora = {corpus: {"name": corpus, "sha256": "0" * 64, "origin": None, "samples": ["A", "B"]}}
+        per_corpus[corpus] = [claim]
+    [joined] = side_by_side(per_corpus)
+    add_effects([joined])
+    assert [(e["corpus"], e["value"]) for e in joined.pooled] == [("stdlib", 0.3), ("bible-web", 0.9)]
+    assert joined.pooled[1]["samples"] == {"bible-web A": "supports", "bible-web B": "supports"}
+    assert [(e["corpus"], e["documents_needed"]) for e in joined.projection] == [("stdlib", 64)]
