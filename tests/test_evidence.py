@@ -4,6 +4,9 @@ show them. Every estimate is built here from real tensors whose answer is comput
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -18,11 +21,14 @@ from posleak.experiments.evidence import (
     seed_mean,
     sequence_mean,
 )
+from posleak.experiments.paper import QUICK, render
 from posleak.experiments.paper.c5 import claim_c5
 from posleak.experiments.paper.corpora import side_by_side
 from posleak.experiments.paper.effects import POOLED, PROJECTION_NOTE, add_effects
+from posleak.experiments.paper.report import write_top
 from posleak.experiments.paper.verdict import Claim, Judgement, fact, judge, row
 from posleak.pipeline import AnalysisResult
+from posleak.store import RunFolder, write_json
 
 
 def _exact(centre: float, half_width: float, units: int | None) -> Estimate:
@@ -189,6 +195,33 @@ def test_a_band_is_pooled_and_projected_against_both_ends() -> None:
         assert e["value"] == pytest.approx(removed) and e["threshold"] == "20–60" and e["says"] == "unclear"
         [p] = claim.projection
         assert (p["would_say"], p["documents_needed"]) == (would, 64)
+
+
+def test_claims_json_the_report_and_the_docs_page_lead_with_the_effects(tmp_path: Path) -> None:
+    """claims.json carries `pooled` and `projection` per claim, read back as written; report.html and the docs page
+    show them before each sample's evidence, the projection labelled as one."""
+    claim = _inconclusive()
+    add_effects([claim])
+    write_json(tmp_path / "claims.json", [claim.to_json()], default=float)
+    [entry] = json.loads((tmp_path / "claims.json").read_text())
+    assert [e["evidence"] for e in entry["pooled"]] == ["decided", "edge", "wrong", "seeds", "weighted"]
+    assert entry["projection"][0]["documents_needed"] == 64 and entry["projection"][0]["label"] == PROJECTION_NOTE
+    assert entry["projection"][3]["evidence"] == "untested" and entry["projection"][3]["value"] is None
+    [back] = render.read_claims(tmp_path / "claims.json")
+    assert back.pooled == entry["pooled"] and back.projection == entry["projection"]
+    page = render.results_page([back], Path("docs/results/claims.json"), [])
+    assert f"**Effect sizes, {POOLED}** (they do not decide the verdict)" in page
+    assert "| edge | 0.3 nats | 0.1 to 0.5 | > 0.2 | unclear | A unclear, B unclear | A 8, B 8 |" in page
+    assert "| weighted | 1.75 nats |" in page
+    assert f"**Power projection** ({PROJECTION_NOTE})" in page
+    assert "| edge | 0.3 nats (0.1 to 0.5) | > 0.2 | A 8, B 8 | 64 documents per sample: supports |" in page
+    assert "| wrong | 0.1 nats (-0.1 to 0.3) | > 0.2 | A 8, B 8 | 64 documents per sample: contradicts |" in page
+    assert page.index("Effect sizes") < page.index("Power projection") < page.index("Sample A:")
+    write_top(RunFolder(tmp_path / "run"), QUICK, [claim], {})
+    report = (tmp_path / "run" / "report.html").read_text()
+    assert f"Effect sizes, {POOLED} (do not decide the verdict)" in report
+    assert f"Power projection ({PROJECTION_NOTE})" in report and "64 documents per sample: contradicts" in report
+    assert report.index("Effect sizes") < report.index("Evidence, sample A")
 
 
 def test_on_two_corpora_each_corpus_pools_its_own_samples() -> None:
