@@ -7,7 +7,12 @@ their resamples pair; runs on different sequences are independent, and pairing t
 then a draw of the two independent bootstraps together. From those tables: the mean over layers of a
 magnitude, the percent change between two runs, the slope against relative depth, and differences and
 averages of these; and, for a quantity measured outside an analysis run (C6's probe), its mean over sequences,
-resampled over sequences. Each is a point value, its resamples and a percentile interval (docs/method.md §6).
+resampled over sequences. Each is a point value, its resamples and a percentile interval (docs/method.md §6), and
+the number of units (documents) its resamples draw, where they draw documents.
+
+Two estimates of one quantity on disjoint samples (`posleak paper`'s A and B) pool into one (`pooled`), whose
+interval comes from both samples' documents; and an estimate that its interval leaves undecided projects how many
+documents would decide it at its value and spread (`documents_to_decide`, a projection, not a measurement).
 
 An estimate is judged against a threshold: it *supports* an expected direction when its whole interval
 lies beyond the threshold, *contradicts* it when the whole interval lies on the other side, and is
@@ -18,6 +23,7 @@ contradicts at 95% exactly when its p_short is below 2.5%.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -35,10 +41,13 @@ ALPHA = (1 - LEVEL) / 2  # the one-sided level of each end of a LEVEL interval
 
 @dataclass(frozen=True)
 class Estimate:
-    """A point value and its bootstrap resamples (R,); the interval is their percentile interval."""
+    """A point value and its bootstrap resamples (R,); the interval is their percentile interval. `units`: how many
+    units (documents; sequences where each is its own) the resamples draw, None where they do not draw documents
+    (a mean over lab seeds) or the run does not say."""
 
     value: float
     samples: torch.Tensor
+    units: int | None = None
 
     @property
     def interval(self) -> tuple[float, float]:
@@ -49,7 +58,7 @@ class Estimate:
 
     def minus(self, other: Estimate) -> Estimate:
         mine, theirs = _pair(self, other)
-        return Estimate(self.value - other.value, mine - theirs)
+        return Estimate(self.value - other.value, mine - theirs, _fewer(self, other))
 
     def judge(self, threshold: float, direction: Direction) -> Says:
         """`above`: supports when lo > threshold, contradicts when hi < threshold; `below` the mirror."""
@@ -86,11 +95,49 @@ def _pair(a: Estimate, b: Estimate) -> tuple[torch.Tensor, torch.Tensor]:
     return a.samples, b.samples
 
 
+def _fewer(a: Estimate, b: Estimate) -> int | None:
+    """The units of an estimate formed from two: the fewer of theirs (a paired pair has the same), the scarcer
+    sample limiting the spread; None where either draws no documents."""
+    return None if a.units is None or b.units is None else min(a.units, b.units)
+
+
+def pooled(estimates: Sequence[Estimate]) -> Estimate:
+    """One quantity estimated on disjoint samples, pooled: the mean of the values weighted by each estimate's units
+    (equally where any has none), and resample k the same mean of their k-th resamples. The samples' bootstraps
+    are independent draws, so their k-th resamples together are one draw of all of them, and the interval is one
+    from every sample's documents. Its units: their sum."""
+    for other in estimates[1:]:
+        _pair(estimates[0], other)  # refuses resamples that do not pair (another number of them)
+    counts = [e.units for e in estimates]
+    documented = all(c is not None for c in counts)
+    weights = torch.tensor([c if documented else 1 for c in counts], dtype=torch.float64)
+    weights = weights / weights.sum()
+    samples = torch.stack([e.samples.double() for e in estimates])
+    value = float(weights @ torch.tensor([e.value for e in estimates], dtype=torch.float64))
+    return Estimate(value, weights.to(samples.device) @ samples, sum(c or 0 for c in counts) if documented else None)
+
+
+def documents_to_decide(estimate: Estimate, threshold: float, direction: Direction) -> tuple[Says, int] | None:
+    """A power projection at the estimate's value and spread, not a measurement: how many units (documents) a
+    sample would need for its interval to lie wholly on the value's side of `threshold`, and what it would then
+    say. The interval's half-width on the side facing the threshold, h, shrinks as 1/√C with C units, so it
+    reaches the gap g = |value − threshold| at C' = ⌈C·(h/g)²⌉. None where the estimate draws no documents, has
+    no interval, or sits on the threshold."""
+    lo, hi = estimate.interval
+    gap = estimate.value - threshold
+    if estimate.units is None or math.isnan(lo) or gap == 0:
+        return None
+    half = max(estimate.value - lo if gap > 0 else hi - estimate.value, 0.0)
+    says: Says = "supports" if (gap > 0) == (direction == "above") else "contradicts"
+    # rounded first, so that floating-point noise in an exact ratio does not add a document
+    return says, max(1, math.ceil(round(estimate.units * (half / gap) ** 2, 9)))
+
+
 def seed_mean(estimates: Sequence[Estimate], seed: int = 0) -> Estimate:
     """The mean over seeds (lab models trained alike but for their seed) with an interval over seeds: resample k
     draws len(estimates) seeds with replacement and averages their k-th resamples, so the interval holds both the
     spread between seeds and each seed's own. The draw depends only on (seeds, resamples, `seed`): estimates of two
-    variants trained on the same seeds draw the same seeds and stay paired."""
+    variants trained on the same seeds draw the same seeds and stay paired. It has no units: it draws seeds."""
     samples = torch.stack([e.samples for e in estimates])  # (S, R)
     count, resamples = samples.shape
     generator = torch.Generator().manual_seed(seed)
@@ -104,7 +151,16 @@ def sequence_mean(values: torch.Tensor, resamples: int, seed: int, units: tuple[
     sequences and seed draw the same resamples, so they pair."""
     x = values.double()
     weights = resample_weights(x.shape[0], resamples, seed, units)
-    return Estimate(float(x.mean()), weights @ x / weights.sum(1))
+    count = x.shape[0] if units is None else len(set(units))
+    return Estimate(float(x.mean()), weights @ x / weights.sum(1), count)
+
+
+def _units(result: AnalysisResult) -> int | None:
+    """How many units the run's bootstrap resamples: its documents, or its sequences where each is its own
+    (posleak.measure.bootstrap); None where its manifest does not say."""
+    if result.units is not None:
+        return len(set(result.units))
+    return result.manifest.get("data", {}).get("num_seqs")
 
 
 def _layers(result: AnalysisResult, measure: str, layers: Sequence[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,7 +177,7 @@ def _layers(result: AnalysisResult, measure: str, layers: Sequence[int] | None) 
 def layer_mean(result: AnalysisResult, measure: str, layers: Sequence[int] | None = None) -> Estimate:
     """The mean over layers of a per-layer magnitude (nats)."""
     point, boot = _layers(result, measure, layers)
-    return Estimate(float(point.mean()), boot.mean(1))
+    return Estimate(float(point.mean()), boot.mean(1), _units(result))
 
 
 def percent_change(
@@ -130,7 +186,7 @@ def percent_change(
     """100·(mean_l intervened / mean_l baseline − 1): the change of the layer mean, paired resample by resample."""
     base, new = layer_mean(baseline, measure, layers), layer_mean(intervened, measure, layers)
     b, n = _pair(base, new)
-    return Estimate(100 * (new.value / base.value - 1), 100 * (n / b - 1))
+    return Estimate(100 * (new.value / base.value - 1), 100 * (n / b - 1), _fewer(base, new))
 
 
 def depth_slope(result: AnalysisResult, measure: str) -> Estimate:
@@ -143,4 +199,4 @@ def depth_slope(result: AnalysisResult, measure: str) -> Estimate:
     def slope(values: torch.Tensor) -> torch.Tensor:
         return ((values - values.mean(-1, keepdim=True)) * centred).sum(-1) / centred.square().sum()
 
-    return Estimate(float(slope(point)), slope(boot))
+    return Estimate(float(slope(point)), slope(boot), _units(result))

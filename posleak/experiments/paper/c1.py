@@ -66,7 +66,7 @@ def orderless_share(label: str, text: AnalysisResult, null: AnalysisResult) -> d
     """100 · resid_all on the null / resid_all on the text (layer means, paired resample by resample: the same rows
     draw the same resamples), reported: the share of the residual-stream component that needs no word order."""
     change = percent_change(text, null, "resid_all")
-    share = Estimate(100 + change.value, 100 + change.samples)
+    share = Estimate(100 + change.value, 100 + change.samples, change.units)
     name = f"{label}: resid_all kept without word order ({ATTRIBUTED_NULL} / text)"
     return row(name, share, ORDERLESS_MOST, "above", "%", deciding=False)
 

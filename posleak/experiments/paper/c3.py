@@ -100,12 +100,14 @@ def claim_c3(closed: Mapping[str, float], units: UnitRows) -> Judgement:
         verdict = "consistent"
     else:
         verdict = "inconclusive"
-    evidence = [judge([closed_row]).evidence]
+    parts = [judge([closed_row])]
     for by_question in judged.values():
-        evidence += [
-            j.evidence.assign(deciding=j.evidence["deciding"] & (q == CLAIM_QUESTION)) for q, j in by_question.items()
+        parts += [
+            Judgement(j.verdict, j.evidence.assign(deciding=j.evidence["deciding"] & (q == CLAIM_QUESTION)), j.judged)
+            for q, j in by_question.items()
         ]
-    return Judgement(verdict, pd.concat(evidence, ignore_index=True))
+    evidence = pd.concat([part.evidence for part in parts], ignore_index=True)
+    return Judgement(verdict, evidence, [judged_row for part in parts for judged_row in part.judged])
 
 
 class C3(ClaimModule):

@@ -11,7 +11,7 @@ from posleak.experiments.evidence import Estimate, Says, percent_change
 from posleak.experiments.paper.claim import ClaimModule, quote
 from posleak.experiments.paper.plan import SHOWN
 from posleak.experiments.paper.reproduction import SampleRuns
-from posleak.experiments.paper.verdict import EVIDENCE_COLUMNS, Judgement, exact_p, judge
+from posleak.experiments.paper.verdict import EVIDENCE_COLUMNS, JUDGED, Judged, Judgement, exact_p, judge
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
 
@@ -38,13 +38,16 @@ def claim_c5(changes: Mapping[str, Estimate]) -> Judgement:
     rows = []
     low, high = BOS_BAND
     for kind, change in changes.items():
-        removed = Estimate(-change.value, -change.samples)
+        removed = Estimate(-change.value, -change.samples, change.units)
         lo, hi = removed.interval
         says: Says = "supports" if low <= lo and hi <= high else "contradicts" if hi < low or lo > high else "unclear"
         # a band has no one-sided p-value: the row is judged on its interval, and as the one deciding row Holm's
         # rule leaves it as it is
         values = (f"{kind}: removed", removed.value, lo, hi, f"{low:g}–{high:g}", "%", says, kind == DECIDING)
-        rows.append(dict(zip(EVIDENCE_COLUMNS, (*values, exact_p(says)), strict=True)))
+        # the band as two bounds, for the samples' rows pooled (effects.py); they differ from the inclusive ends
+        # above only where an end of the interval falls exactly on the band's
+        band = Judged(removed, ((low, "above"), (high, "below")))
+        rows.append({**dict(zip(EVIDENCE_COLUMNS, (*values, exact_p(says)), strict=True)), JUDGED: band})
     return judge(rows)
 
 

@@ -22,6 +22,7 @@ from posleak.errors import BadInput
 from posleak.experiments.batch import safe_name
 from posleak.experiments.paper.claim import ClaimModule
 from posleak.experiments.paper.corpora import CORPORA
+from posleak.experiments.paper.effects import POOLED, POOLED_NOTE, PROJECTION_NOTE, pooled_table, projection_table
 from posleak.experiments.paper.plan import QUICK
 from posleak.experiments.paper.run import CLAIMS
 from posleak.experiments.paper.verdict import SAYS, Claim, Judgement, quoted
@@ -51,6 +52,8 @@ def read_claims(path: Path) -> list[Claim]:
         family_wise = entry.get("family_wise", "")
         claim = Claim(entry["claim"], module.statement, entry["criterion"], samples, "", family_wise)
         claim.corpora = entry.get("corpora", {})
+        # older files have no effect sizes, and their pages none
+        claim.pooled, claim.projection = entry.get("pooled", []), entry.get("projection", [])
         claims.append(claim)
     return claims
 
@@ -103,6 +106,32 @@ def _evidence(judgement: Judgement) -> str:
     return "\n".join(lines)
 
 
+def _effects(claim: Claim) -> list[str]:
+    """The lines that lead a claim's evidence: its rows pooled over the samples and, for an inconclusive claim,
+    the power projection (posleak.experiments.paper.effects); none where its claims.json has none."""
+    out = []
+    if claim.pooled:
+        out += ["", f"**Effect sizes, {POOLED}** (they do not decide the verdict). {POOLED_NOTE}", ""]
+        out += [_markdown(pooled_table(claim))]
+    if claim.projection:
+        out += [
+            "",
+            f"**Power projection** ({PROJECTION_NOTE}): the documents per sample at which each row a sample "
+            "left unclear would decide, from the pooled value and spread (intervals shrink as 1/√C).",
+            "",
+        ]
+        out += [_markdown(projection_table(claim))]
+    return out
+
+
+def _markdown(table: pd.DataFrame) -> str:
+    lines = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
+    lines += [
+        "| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in table.itertuples(False)
+    ]
+    return "\n".join(lines)
+
+
 def results_home(plan: str) -> tuple[Path, Path]:
     """Where a run of `plan` is rendered, relative to the checkout: its page and the folder of its claims.json and
     figures. The README's plan: docs/results.md and docs/results/; any other: docs/results-PLAN.md and
@@ -114,8 +143,8 @@ def results_home(plan: str) -> tuple[Path, Path]:
 
 
 def results_page(claims: Sequence[Claim], source: Path, figures: Sequence[Path], plan: str = README_PLAN) -> str:
-    """The page of a run of `plan` (docs/results.md for the README's plan): every claim's criterion, verdicts and
-    full evidence in both samples, and its figures."""
+    """The page of a run of `plan` (docs/results.md for the README's plan): every claim's criterion, verdicts, its
+    effect sizes where its claims.json has them (`_effects`), full evidence in both samples, and its figures."""
     title = "# What the reproduction found" + ("" if plan == README_PLAN else f": the `{plan}` plan")
     out = [
         title,
@@ -132,6 +161,7 @@ def results_page(claims: Sequence[Claim], source: Path, figures: Sequence[Path],
         out += [f"**Family-wise rule.** {claim.family_wise}.", ""] if claim.family_wise else []
         samples = ", ".join(f"{s} {j.verdict}" for s, j in claim.samples.items())
         out += [f"**Verdict: {claim.verdict}**{_per_corpus(claim)} ({samples})."]
+        out += _effects(claim)
         for name, judgement in claim.samples.items():
             out += ["", f"Sample {name}:", "", _evidence(judgement)]
         for figure in (f for f in figures if f.name.startswith(f"{claim.claim.lower()}_")):

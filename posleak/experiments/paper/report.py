@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from posleak.experiments.paper.effects import POOLED, POOLED_NOTE, PROJECTION_NOTE, pooled_table, projection_table
 from posleak.experiments.paper.plan import ROLE_NAMES, Plan
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
 from posleak.experiments.paper.verdict import Claim, Judgement
@@ -48,11 +49,30 @@ def section(claim: Claim, provisional: str) -> Section:
         f"**Against the paper.** {claim.paper}\n\n**Verdict.** {verdicts} → **{claim.verdict}** ({rule}).{provisional}",
         figures=claim.figures,
         tables=[
+            *effect_tables(claim),
             *(TableBlock(f"Evidence, sample {s}", evidence_table(j), max_rows=None) for s, j in claim.samples.items()),
             *claim.tables,
         ],
         verdict=claim.verdict,
     )
+
+
+def effect_tables(claim: Claim) -> list[TableBlock]:
+    """The tables that lead a claim's evidence (posleak.experiments.paper.effects): its deciding rows pooled over
+    the samples and, for an inconclusive claim, the power projection; none for a claim that has none."""
+    tables = []
+    if claim.pooled:
+        tables.append(
+            TableBlock(f"Effect sizes, {POOLED} (do not decide the verdict)", pooled_table(claim), POOLED_NOTE, None)
+        )
+    if claim.projection:
+        caption = (
+            f"Documents per sample at which each row a sample left unclear would decide: {PROJECTION_NOTE}. The "
+            f"{POOLED} interval's half-width h on the side facing the threshold, from C documents in all, reaches the "
+            "gap g between the value and the threshold in a sample of ⌈C·(h/g)²⌉ (intervals shrink as 1/√C)."
+        )
+        tables.append(TableBlock(f"Power projection ({PROJECTION_NOTE})", projection_table(claim), caption, None))
+    return tables
 
 
 def models_section(plan: Plan, claims: Sequence[Claim]) -> Section:

@@ -16,6 +16,7 @@ from posleak.experiments.paper.c5 import C5
 from posleak.experiments.paper.c6 import C6
 from posleak.experiments.paper.claim import ClaimModule
 from posleak.experiments.paper.corpora import corpus_folder, corpus_problems, side_by_side
+from posleak.experiments.paper.effects import add_effects
 from posleak.experiments.paper.models import role_problems, word_problems
 from posleak.experiments.paper.plan import QUICK, SAMPLES, SHOWN, Plan, RoleName
 from posleak.experiments.paper.report import write_outputs, write_top
@@ -58,6 +59,7 @@ def reproduce(
         repro = Reproduction(corpus_folder(out, corpus), alone, progress, backend, address, lab=out / "lab")
         per_corpus[corpus] = _reproduce_on(repro)
     claims = side_by_side(per_corpus)
+    add_effects(claims)  # pooled within each corpus, from the joined claim's samples
     write_top(RunFolder(out), plan, claims, {"corpus_folders": {c: str(corpus_folder(out, c)) for c in plan.corpora}})
     return claims
 
@@ -69,6 +71,7 @@ def _reproduce_on(repro: Reproduction) -> list[Claim]:
     for module in modules:
         module.measure(runs)
     claims = judged(repro, modules, runs)
+    add_effects(claims)
     write_outputs(repro, claims, runs)
     return claims
 

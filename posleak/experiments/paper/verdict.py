@@ -16,7 +16,8 @@ Holm does not reach reads unclear. Support needs every deciding row (an intersec
 `posleak paper` judges every claim on two disjoint samples of sequences (A and B) and calls a claim
 consistent, or not consistent, only where both samples agree (`replicated`); a disagreement is inconclusive
 (docs/method.md §13). On several corpora (the full plan's two) the same rule joins the corpora's verdicts
-(`across_corpora`).
+(`across_corpora`). Each row keeps its estimate and bounds beside the evidence (`Judged`), so that the samples'
+rows can be pooled into effect sizes, which decide nothing (posleak.experiments.paper.effects).
 """
 
 from __future__ import annotations
@@ -41,15 +42,30 @@ HOLM = (
     "every deciding row, unadjusted (an intersection-union test)"
 )
 SAYS: dict[Verdict, Says] = {"consistent": "supports", "not consistent": "contradicts", "inconclusive": "unclear"}
+JUDGED = "judged"  # the key of a row's `Judged` in the dicts `row` returns; not a column of the evidence
 _BOUND = re.compile(r"^\s*[<>≤≥]=?\s*(\S+)\s*$")  # a threshold as `row` and `fact` write it: "> 0.05", "≤ 1e-05"
+
+
+Bound = tuple[float, Direction]  # a threshold and the side of it that supports the claim
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A row's estimate and the bounds it was judged against: one, or a band's two (above its low end, below its
+    high end), kept so that another estimate of the same quantity (the samples pooled) is judged alike."""
+
+    estimate: Estimate
+    bounds: tuple[Bound, ...]
 
 
 @dataclass
 class Judgement:
-    """One sample's evidence rows and the verdict they give."""
+    """One sample's evidence rows and the verdict they give; `judged`, per row in order, its estimate and bounds
+    (None for an exact row, and for every row of a claims.json read back, which keeps no resamples)."""
 
     verdict: Verdict
     evidence: pd.DataFrame
+    judged: list[Judged | None] = field(default_factory=list)
 
     def decided_by(self, limit: int = 2) -> pd.DataFrame:
         """The deciding rows that gave the verdict, at most `limit`, the most telling first.
@@ -87,16 +103,23 @@ class Claim:
     corpora: dict[str, dict[str, Any]] = field(default_factory=dict)
     figures: list[Path | FigureBlock] = field(default_factory=list)  # FigureBlock: with a caption (its corpus)
     tables: list[TableBlock] = field(default_factory=list)
+    # effect sizes, deciding nothing (posleak.experiments.paper.effects): per corpus, each deciding row pooled over
+    # the corpus's samples; for an inconclusive claim, the power projection of each row some sample left unclear
+    pooled: list[dict[str, Any]] = field(default_factory=list)
+    projection: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def verdict(self) -> Verdict:
         return across_corpora(list(self.by_corpus().values()))
 
+    def groups(self) -> dict[str, list[str]]:
+        """The names of the samples judged on each corpus; a claim that names no corpus (an older claims.json)
+        has one group, named "", of all its samples."""
+        return {name: corpus["samples"] for name, corpus in self.corpora.items()} or {"": list(self.samples)}
+
     def by_corpus(self) -> dict[str, Verdict]:
-        """The verdict on each corpus, from its samples (`replicated`); a claim that names no corpus (an older
-        claims.json) has one, named "", from all its samples."""
-        groups = {name: corpus["samples"] for name, corpus in self.corpora.items()} or {"": list(self.samples)}
-        return {name: replicated([self.samples[s].verdict for s in samples]) for name, samples in groups.items()}
+        """The verdict on each corpus, from its samples (`replicated`)."""
+        return {name: replicated([self.samples[s].verdict for s in samples]) for name, samples in self.groups().items()}
 
     def deciding(self, limit: int = 2) -> list[str]:
         """The names of the rows that decided the verdict, at most `limit`: each sample's `decided_by`, in turn."""
@@ -111,6 +134,8 @@ class Claim:
             "verdict": self.verdict,
             "criterion": self.criterion,
             "family_wise": self.family_wise,
+            "pooled": self.pooled,
+            "projection": self.projection,
             "samples": {
                 name: {"verdict": j.verdict, "evidence": j.evidence.to_dict(orient="records")}
                 for name, j in self.samples.items()
@@ -161,7 +186,8 @@ def row(
     says = estimate.judge(threshold, direction)
     bound = f"{'>' if direction == 'above' else '<'} {threshold:g}"
     p = estimate.p_short(threshold, direction)
-    return dict(zip(EVIDENCE_COLUMNS, (evidence, estimate.value, lo, hi, bound, unit, says, deciding, p), strict=True))
+    values = (evidence, estimate.value, lo, hi, bound, unit, says, deciding, p)
+    return {**dict(zip(EVIDENCE_COLUMNS, values, strict=True)), JUDGED: Judged(estimate, ((threshold, direction),))}
 
 
 def fact(evidence: str, value: float, holds: bool, fails: bool, threshold: str, unit: str = "") -> dict[str, Any]:
@@ -191,7 +217,7 @@ def judge(rows: list[dict[str, Any]]) -> Judgement:
         if (says == "contradicts").any()
         else "inconclusive"
     )
-    return Judgement(verdict, frame)
+    return Judgement(verdict, frame, [r.get(JUDGED) for r in rows])
 
 
 def holm(frame: pd.DataFrame) -> pd.Series:
