@@ -17,7 +17,7 @@ from typing import Any
 
 from posleak.data.batches import TokenBatch, part_documents
 from posleak.data.corpus import load_corpus
-from posleak.data.kinds import NullKind
+from posleak.data.kinds import NullKind, Part
 from posleak.experiments.batch import AnalysisJob, ModelCache, draw_sequences, run_analyses
 from posleak.experiments.paper.plan import SAMPLES, Plan, Role, RoleName
 from posleak.intervene import Interventions
@@ -30,8 +30,8 @@ BOS_KINDS = ("mean", "random", "zero")  # C5: what replaces the BOS's embedding
 NULL_KINDS: tuple[NullKind, ...] = ("shuffle", "shift")
 BASELINE_ROLES: tuple[RoleName, ...] = ("standard", "large-base", "sliding")  # the models C1, C2 (and C4) judge
 SELECTION = "selection"  # the sample C3's heads are chosen on, which judges nothing
-# Each sample's part of the corpus's documents (index, count): the recipe's `part`.
-PARTS: dict[str, tuple[int, int]] = {"A": (0, 3), "B": (1, 3), SELECTION: (2, 3)}
+# Each sample's part of the corpus's documents (index, shares): the recipe's `part`.
+PARTS: dict[str, Part] = {"A": (0, (1, 1, 1)), "B": (1, (1, 1, 1)), SELECTION: (2, (1, 1, 1))}
 
 
 class Reproduction:
