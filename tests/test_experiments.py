@@ -52,6 +52,7 @@ from posleak.experiments.paper.c6 import (
     probe_identity,
 )
 from posleak.experiments.paper.corpora import corpus_problems, side_by_side
+from posleak.experiments.paper.models import role_tokenizers
 from posleak.experiments.paper.plan import ROLES, SAMPLES
 from posleak.experiments.paper.report import write_top
 from posleak.experiments.paper.reproduction import (
@@ -62,6 +63,7 @@ from posleak.experiments.paper.reproduction import (
     selection_seqs,
     shared_analyses,
 )
+from posleak.experiments.paper.samples import document_problems
 from posleak.experiments.paper.verdict import Claim, across_corpora, fact, judge, replicated, row
 from posleak.intervene import Interventions
 from posleak.models.load import LoadedModel
@@ -1230,6 +1232,20 @@ def test_a_plan_whose_samples_hold_too_few_documents_is_refused_before_any_work(
             "fit, or use a larger corpus"
         )
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_every_plan_fits_its_corpora() -> None:
+    """--quick and --full draw every sample they take from the built-in corpora (the check before any work finds
+    no problem), and --full takes the most the corpora allow: one more sequence at T = 512 or 768 does not fit."""
+    tokenizers = role_tokenizers(FULL)
+    assert document_problems(QUICK, tokenizers) == [] and document_problems(FULL, tokenizers) == []
+    more = replace(FULL, num_seqs=FULL.num_seqs + 1, sliding_num_seqs=FULL.sliding_num_seqs + 1)
+    refused = document_problems(more, tokenizers)
+    assert any("'bible-web', sample A" in line and "512 tokens" in line for line in refused), refused
+    assert any("'stdlib', sample A" in line and "768 tokens of gemma3-270m" in line for line in refused), refused
+    assert _holding("bible-web", tokenizers["smollm2-135m"], 512)["A"] == FULL.num_seqs
+    assert _holding("stdlib", tokenizers["gemma3-270m"], 768)["A"] == FULL.sliding_num_seqs  # C3's, without a BOS
 
 
 ROOT = Path(__file__).resolve().parents[1]
