@@ -121,9 +121,10 @@ def analysis_config(plan: Plan, role: RoleName, **changes: Any) -> AnalyzeConfig
 
 def sample_config(config: AnalyzeConfig, sample: str) -> AnalyzeConfig:
     """`config` on sample A, B or SELECTION: windows of its part of the documents (`PARTS`); on SELECTION, which
-    has half of A's share, half of A's sequences (`selection_seqs`)."""
+    has half of A's share, half of A's sequences (`selection_seqs`), and no next-token scores: it only chooses
+    heads, and no intervention is compared with it."""
     if sample == SELECTION:
-        return config.replace(part=PARTS[sample], num_seqs=selection_seqs(config.recipe.num_seqs))
+        return config.replace(part=PARTS[sample], num_seqs=selection_seqs(config.recipe.num_seqs), scores=False)
     return config.replace(part=PARTS[sample])
 
 
@@ -252,7 +253,8 @@ def run_shared(repro: Reproduction) -> dict[str, SampleRuns]:
         repro.job(
             a.folder,
             roles[a.role].model,
-            repro.config(a.role, interventions=a.interventions, null=a.null),
+            # a null's next-token scores are compared with nothing (posleak.pipeline.config.MeasureOptions.scores)
+            repro.config(a.role, interventions=a.interventions, null=a.null, scores=a.null is None),
             sample,
         )
         for sample in SAMPLES
