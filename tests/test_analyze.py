@@ -495,3 +495,18 @@ def test_bfloat16_analysis_of_smollm2_agrees_with_float32_within_its_precision()
     sink_a, sink_b = full.per_head["sink_score"].to_numpy(), half.per_head["sink_score"].to_numpy()
     assert np.abs(sink_b - sink_a).max() <= 4 * BF16_U
     assert differs > 1e-6, "bfloat16 gave the float32 numbers: the dtype did not reach the model"
+
+
+@pytest.mark.parametrize("measure_budget", ["0", IN_FORWARD])
+def test_a_run_without_next_token_scores_has_the_same_tables_and_no_tokens(tmp_path: Path, measure_budget: str) -> None:
+    """scores=False (what `paper` asks of its nulls): every table bit for bit the run's with scores, no tokens table
+    in memory or in the folder (read back empty), and a fingerprint of its own; with scores the identity is as
+    before the option existed."""
+    scored = _tiny_run(tmp_path / "scored", measure_budget=measure_budget)
+    bare = _tiny_run(tmp_path / "bare", measure_budget=measure_budget, scores=False)
+    for name in AnalysisResult.TABLES:
+        pd.testing.assert_frame_equal(getattr(bare, name), getattr(scored, name), check_exact=True)
+    assert len(scored.tokens) == 6 * 39 and bare.tokens.empty
+    assert (tmp_path / "scored" / "tokens.parquet").is_file() and not (tmp_path / "bare" / "tokens.parquet").exists()
+    assert AnalysisResult.read(RunFolder(tmp_path / "bare")).tokens.empty
+    assert "scores" not in AnalyzeConfig().identity() and AnalyzeConfig(scores=False).identity()["scores"] is False

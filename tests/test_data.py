@@ -13,11 +13,14 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from cli import assert_one_line_error, run_main
+from tiny import tiny_checkpoint, word_corpus
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
@@ -274,35 +277,115 @@ def test_rows_are_whole_windows_of_one_document(
     assert batch.provenance()["documents"] == list(batch.documents)
 
 
+def _windows_of(
+    corpus: Corpus, tokenizer: PreTrainedTokenizerFast, length: int, documents: list[int] | None = None
+) -> dict[tuple[int, ...], str]:
+    """Every whole, aligned window of `length` tokens of the `documents` (indices; default all), to its title."""
+    streams = _streams(corpus, tokenizer)
+    return {
+        tuple(streams[doc][start : start + length]): corpus.titles[doc]
+        for doc in (range(len(corpus)) if documents is None else documents)
+        for start in range(0, len(streams[doc]) - length + 1, length)
+    }
+
+
 def test_parts_share_no_document(small: Corpus, tokenizers: dict[str, PreTrainedTokenizerFast]) -> None:
-    """The documents dealt into three parts: each document in exactly one, the parts' sizes within one of each
-    other, the deal drawn by the seed; every row of a part's sequences a whole window of one of its documents."""
-    tokenizer, length = tokenizers["silent"], 32
-    parts = [part_documents(small, (index, 3), seed=5) for index in range(3)]
+    """The documents dealt into parts of shares 2:2:1: each document in exactly one, the parts' sizes in those
+    proportions within one block (5 documents), the deal drawn by the seed; every row of a part's sequences a whole
+    window of one of its documents."""
+    tokenizer, length, shares = tokenizers["silent"], 32, (2, 2, 1)
+    parts = [part_documents(small, (index, shares), seed=5) for index in range(3)]
     assert sorted(k for part in parts for k in part) == list(range(len(small)))
-    assert max(map(len, parts)) - min(map(len, parts)) <= 1
-    assert part_documents(small, (0, 3), seed=6) != parts[0]
+    assert [len(part) for part in parts] == [16, 16, 8]  # 40 documents: 8 whole blocks
+    assert sorted(len(part_documents(small, (k, (1, 1, 1)), seed=5)) for k in range(3)) == [13, 13, 14]
+    assert part_documents(small, (0, shares), seed=6) != parts[0]
     assert part_documents(small, None, seed=5) == list(range(len(small)))
-    streams = _streams(small, tokenizer)
     for index, part in enumerate(parts):
-        batch = make_sequences(small, tokenizer, seq_len=length, num_seqs=12, bos="off", seed=5, part=(index, 3))
-        windows = {
-            tuple(streams[doc][start : start + length]): small.titles[doc]
-            for doc in part
-            for start in range(0, len(streams[doc]) - length + 1, length)
-        }
+        batch = make_sequences(small, tokenizer, seq_len=length, num_seqs=12, bos="off", seed=5, part=(index, shares))
+        windows = _windows_of(small, tokenizer, length, part)
         assert batch.documents == tuple(windows[tuple(row.tolist())] for row in batch.ids)
-    with pytest.raises(PosleakError, match="too few to deal into 50 parts"):
-        make_sequences(small, tokenizer, seq_len=length, num_seqs=2, bos="off", part=(0, 50))
-    with pytest.raises(PosleakError, match="part 2 of 3 of corpus 'small' holds only"):
-        make_sequences(small, tokenizer, seq_len=length, num_seqs=10**5, bos="off", part=(1, 3))
+    with pytest.raises(PosleakError, match="too few to deal into parts of shares 20:20:20"):
+        make_sequences(small, tokenizer, seq_len=length, num_seqs=2, bos="off", part=(0, (20, 20, 20)))
+    with pytest.raises(PosleakError, match=r"part 2 of corpus 'small' \(its share 2 of 2:2:1\) holds only"):
+        make_sequences(small, tokenizer, seq_len=length, num_seqs=10**5, bos="off", part=(1, shares))
+
+
+def test_parts_hold_their_share_of_the_documents_long_enough_for_a_window(
+    stdlib: Corpus, tokenizers: dict[str, PreTrainedTokenizerFast]
+) -> None:
+    """Dealt by length, every part holds close to its share of the documents that hold a window of T tokens, at
+    every T, though most documents are too short at a large T: counted with a real tokenizer on the stdlib
+    docstrings at several seeds, within 2 documents of the share."""
+    shares = (2, 2, 1)
+    lengths = [len(stream) for stream in _streams(stdlib, tokenizers["silent"])]
+    for seed in range(5):
+        parts = [part_documents(stdlib, (index, shares), seed) for index in range(3)]
+        for length in (512, 1024, 2048, 4096):
+            holding = [sum(lengths[k] >= length for k in part) for part in parts]
+            total = sum(lengths[k] >= length for k in range(len(stdlib)))
+            assert 15 <= total < len(stdlib) and sum(holding) == total
+            for share, count in zip(shares, holding, strict=True):
+                assert abs(count - total * share / sum(shares)) <= 2, (seed, length, holding)
+
+
+def test_one_window_per_document(small: Corpus, tokenizers: dict[str, PreTrainedTokenizerFast]) -> None:
+    """With windows_per_document = 1 the rows are whole windows of distinct documents (checked against the tokens),
+    as many as the documents that hold a window and no more; with 2, every document's first window comes before
+    any second one and none gives three; more rows extend fewer; a limit is refused with documents joined."""
+    tokenizer, length = tokenizers["prepends"], 400  # a BOS at position 0: windows of 399 content tokens
+    windows = _windows_of(small, tokenizer, length - 1)
+    per_document = Counter(windows.values())
+    holding = len(per_document)
+    assert 10 < holding < len(small) and max(per_document.values()) > 2  # some too short, some long
+    batch = make_sequences(small, tokenizer, length, holding, seed=3, windows_per_document=1)
+    assert batch.documents == tuple(windows[tuple(row.tolist())] for row in _content(batch))
+    assert len(set(batch.documents)) == holding and (batch.ids[:, 0] == BOS_ID).all()
+    fewer = make_sequences(small, tokenizer, length, 5, seed=3, windows_per_document=1)
+    assert torch.equal(fewer.ids, batch.ids[:5])
+    assert make_sequences(small, tokenizer, length, 5, seed=4, windows_per_document=1).documents != fewer.documents
+    with pytest.raises(PosleakError, match=f"has only {holding} documents that hold a window of {length} tokens"):
+        make_sequences(small, tokenizer, length, holding + 1, seed=3, windows_per_document=1)
+    at_most_two = sum(min(2, count) for count in per_document.values())
+    two = make_sequences(small, tokenizer, length, at_most_two, seed=3, windows_per_document=2)
+    assert two.documents == tuple(windows[tuple(row.tolist())] for row in _content(two))
+    assert set(two.documents[:holding]) == set(batch.documents) and max(map(two.documents.count, two.documents)) == 2
+    assert len(set(map(tuple, two.ids.tolist()))) == at_most_two  # no window twice
+    with pytest.raises(PosleakError, match=f"at most 2 windows of each: {at_most_two} sequences"):
+        make_sequences(small, tokenizer, length, at_most_two + 1, seed=3, windows_per_document=2)
+    with pytest.raises(PosleakError, match="documents kept apart"):
+        make_sequences(small, tokenizer, length, 2, cross_documents=True, windows_per_document=1)
+
+
+def test_windows_per_document_from_the_command_line(tmp_path: Path) -> None:
+    """`posleak analyze --windows-per-document 1` on a folder of 5 documents: 4 sequences are windows of 4 distinct
+    documents (the manifest's rows); 6 are refused in one line saying that 5 documents hold a window, as is K = 0."""
+    model, corpus = tiny_checkpoint(tmp_path / "model"), tmp_path / "corpus"
+    corpus.mkdir()
+    for k in range(5):
+        word_corpus(corpus / f"doc{k}.txt", words=60 + 40 * k)  # 2 to 6 windows of 24 tokens each
+    options = ["--corpus", str(corpus), "--seq-len", "24", "--bootstrap", "10", "--windows-per-document"]
+    proc = run_main("analyze", str(model), *options, "1", "--num-seqs", "4", "--out", str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads((tmp_path / "run" / "manifest.json").read_text())["data"]["documents"]
+    assert len(rows) == len(set(rows)) == 4 and set(rows) <= {f"doc{k}.txt" for k in range(5)}
+    out = tmp_path / "refused"
+    proc = run_main("analyze", str(model), *options, "1", "--num-seqs", "6", "--out", str(out))
+    assert_one_line_error(proc, "has only 5 documents that hold a window of 24 tokens", "at most 5")
+    assert_one_line_error(run_main("analyze", str(model), *options, "0", "--out", str(out)), "whole number ≥ 1")
+    assert not out.exists()
 
 
 def test_recipe_part_problems() -> None:
-    problems = Recipe(part=(3, 3)).problems()
-    assert problems == ["part (3, 3) is not one of 3 parts; give (index, count) with 0 ≤ index < count"]
-    assert "token file is taken verbatim" in Recipe(part=(0, 3), tokens="ids.npy").problems()[0]
-    assert "part" not in Recipe().identity() and Recipe(part=(1, 3)).identity()["part"] == (1, 3)
+    problems = Recipe(part=(3, (1, 1, 1))).problems()
+    assert problems == ["part (3, (1, 1, 1)) is not one of 3 parts; give an index from 0 to 2"]
+    assert "is not (index, shares)" in Recipe(part=(0, 3)).problems()[0]  # type: ignore[arg-type]
+    assert "token file is taken verbatim" in Recipe(part=(0, (1, 1)), tokens="ids.npy").problems()[0]
+    assert "part" not in Recipe().identity() and Recipe(part=(1, (2, 1))).identity()["part"] == (1, (2, 1))
+    assert "windows_per_document" not in Recipe().identity()
+    assert Recipe(windows_per_document=1).identity()["windows_per_document"] == 1
+    assert "not a whole number ≥ 1" in Recipe(windows_per_document=0).problems()[0]
+    assert "--cross-documents joins them" in Recipe(windows_per_document=1, cross_documents=True).problems()[0]
+    assert "token file is taken verbatim" in Recipe(windows_per_document=1, tokens="ids.npy").problems()[0]
 
 
 def test_cross_documents_joins_with_eos(tokenizers: dict[str, PreTrainedTokenizerFast]) -> None:

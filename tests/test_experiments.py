@@ -21,10 +21,10 @@ import torch
 from browser import check_in_chromium, needs_chromium, section_tables, table_layout
 from cli import file_stamps, run_cli, run_main, strict_json_files
 from tiny import SINK_T, sink_ids, sink_model, sink_scores
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posleak.cli.summary import claim_lines
-from posleak.data.batches import TokenBatch
+from posleak.data.batches import TokenBatch, part_documents
 from posleak.data.corpus import load_corpus
 from posleak.data.recipe import Recipe
 from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, percent_change, seed_mean
@@ -52,9 +52,18 @@ from posleak.experiments.paper.c6 import (
     probe_identity,
 )
 from posleak.experiments.paper.corpora import corpus_problems, side_by_side
-from posleak.experiments.paper.plan import ROLES
+from posleak.experiments.paper.models import role_tokenizers
+from posleak.experiments.paper.plan import ROLES, SAMPLES
 from posleak.experiments.paper.report import write_top
-from posleak.experiments.paper.reproduction import SELECTION, Reproduction, analysis_config, shared_analyses
+from posleak.experiments.paper.reproduction import (
+    PARTS,
+    SELECTION,
+    Reproduction,
+    analysis_config,
+    selection_seqs,
+    shared_analyses,
+)
+from posleak.experiments.paper.samples import document_problems
 from posleak.experiments.paper.verdict import Claim, across_corpora, fact, judge, replicated, row
 from posleak.intervene import Interventions
 from posleak.models.load import LoadedModel
@@ -255,24 +264,34 @@ def test_every_run_folder_is_complete(paper: Path) -> None:
 
 
 def test_samples_share_no_document_and_claims_json_names_them(paper: Path) -> None:
-    """claims.json names, per sample (A, B and C3's selection sample), the documents its windows are cut from: the
-    three share none and together are the corpus. Every run folder's rows (the documents its manifest names for
-    them; tests/test_data.py checks those against the tokens) are windows of its own sample's documents, and its
-    bootstrap resampled documents wherever its rows come from two or more."""
+    """claims.json names, per sample (A, B and C3's selection sample), the documents its runs' windows were cut from,
+    every model's: the three share none, and each lies in its sample's part of the deal. Every run folder's rows
+    (the documents its manifest names for them; tests/test_data.py checks those against the tokens) are windows of
+    distinct documents of its own sample, so its bootstrap resampled as many documents as it has rows; a selection
+    run has half the rows of its model's run on A."""
     claims = json.loads((paper / "claims.json").read_text())
     corpus = claims[0]["corpora"]["stdlib"]
     named = {sample: set(titles) for sample, titles in corpus["documents"].items()}
     assert list(named) == ["A", "B", SELECTION] and all(c["corpora"] == claims[0]["corpora"] for c in claims)
-    assert sum(map(len, named.values())) == len(set.union(*named.values())) == len(load_corpus("stdlib"))
+    assert sum(map(len, named.values())) == len(set.union(*named.values()))
+    stdlib = load_corpus("stdlib")
+    for sample, titles in named.items():
+        assert titles <= {stdlib.titles[k] for k in part_documents(stdlib, PARTS[sample], seed=0)}, sample
+    used: dict[str, set[str]] = {sample: set() for sample in named}
+    rows_of: dict[str, int] = {}
     for folder in (paper / "runs").iterdir():
         manifest = json.loads((folder / "manifest.json").read_text())
         sample = folder.name.rsplit("-", 1)[1]
         rows = manifest["data"]["documents"]
-        assert len(rows) == manifest["data"]["num_seqs"] and set(rows) <= named[sample], folder.name
+        assert len(rows) == manifest["data"]["num_seqs"] == len(set(rows)) and set(rows) <= named[sample], folder.name
+        used[sample] |= set(rows)
+        rows_of[folder.name] = len(rows)
         bootstrap = manifest["measurement"]["bootstrap"]
-        by_document = len(set(rows)) > 1
-        assert bootstrap["unit"] == ("document" if by_document else "sequence"), folder.name
-        assert bootstrap["units"] == (len(set(rows)) if by_document else len(rows)), folder.name
+        assert bootstrap["unit"] == "document" and bootstrap["units"] == len(rows), folder.name
+    # C6's probes draw from A and B without a run folder; nothing but C3's runs draws from the selection sample
+    assert used[SELECTION] == named[SELECTION] and all(used[s] <= named[s] for s in SAMPLES)
+    selection = [name.removesuffix("-selection") for name in rows_of if name.endswith("-selection")]
+    assert selection and all(rows_of[f"{n}-selection"] == selection_seqs(rows_of[f"{n}-A"]) for n in selection)
 
 
 @pytest.mark.slow
@@ -1169,6 +1188,64 @@ def test_a_tokenizer_that_splits_a_word_the_claims_put_at_position_0_is_refused_
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert f"model {split}: its tokenizer splits 'the', 'that'" in lines[0] and "C6's first tokens" in lines[0]
     assert not out.exists()
+
+
+def _holding(corpus: str, tokenizer: PreTrainedTokenizerBase, content: int) -> dict[str, int]:
+    """Per sample, the documents of its part that hold `content` tokens, each encoded here on its own."""
+    documents = load_corpus(corpus)
+    lengths = [len(tokenizer.encode(doc, add_special_tokens=False)) for doc in documents.documents]
+    return {s: sum(lengths[k] >= content for k in part_documents(documents, PARTS[s], 0)) for s in PARTS}
+
+
+def test_a_plan_whose_samples_hold_too_few_documents_is_refused_before_any_work(
+    tmp_path: Path, zoo_model, smollm2: LoadedModel, gemma3: LoadedModel
+) -> None:
+    """The standard role at T = 512 and N = 30 (the bos role follows its sizes): the parts of A, B and the selection
+    sample hold fewer documents long enough (counted here from each model's tokens) than the sequences each draw
+    takes, one window per document: one line per sample and draw, naming the corpus, the sample, the count, T, N
+    and what to lower, nothing written."""
+    zoo_model("qwen2.5-coder-0.5b")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("roles:\n  standard: {seq_len: 512, num_seqs: 30}\n")
+    # smollm2 puts no BOS at position 0, gemma3 (the bos role's model) does: windows of 511 content tokens
+    holding = {
+        "smollm2-135m": _holding("stdlib", smollm2.tokenizer, 512),
+        "gemma3-270m": _holding("stdlib", gemma3.tokenizer, 511),
+    }
+    expected = [
+        ("smollm2-135m", "A", 30, "the standard role's analyses"),
+        ("smollm2-135m", "B", 30, "the standard role's analyses"),
+        ("smollm2-135m", SELECTION, selection_seqs(30), "C3's selection of the standard model's sink heads"),
+        ("gemma3-270m", "A", 30, "the bos role's analyses"),
+        ("gemma3-270m", "B", 30, "the bos role's analyses"),
+    ]
+    assert all(holding[model][sample] < takes for model, sample, takes, _ in expected)
+    out = tmp_path / "paper"
+    proc = run_main("paper", "--quick", "--plan", str(plan), "--out", str(out))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == len(expected), proc.stderr
+    for line, (model, sample, takes, what) in zip(lines, expected, strict=True):
+        assert line == (
+            f"posleak: error: corpus 'stdlib', sample {sample}: only {holding[model][sample]} of its documents hold a "
+            f"window of 512 tokens of {model} for {what}, which takes {takes} (one window per document); lower "
+            f"the {'bos' if model == 'gemma3-270m' else 'standard'} role's num_seqs or seq_len in a plan file to "
+            "fit, or use a larger corpus"
+        )
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_every_plan_fits_its_corpora() -> None:
+    """--quick and --full draw every sample they take from the built-in corpora (the check before any work finds
+    no problem), and --full takes the most the corpora allow: one more sequence at T = 512 or 768 does not fit."""
+    tokenizers = role_tokenizers(FULL)
+    assert document_problems(QUICK, tokenizers) == [] and document_problems(FULL, tokenizers) == []
+    more = replace(FULL, num_seqs=FULL.num_seqs + 1, sliding_num_seqs=FULL.sliding_num_seqs + 1)
+    refused = document_problems(more, tokenizers)
+    assert any("'bible-web', sample A" in line and "512 tokens" in line for line in refused), refused
+    assert any("'stdlib', sample A" in line and "768 tokens of gemma3-270m" in line for line in refused), refused
+    assert _holding("bible-web", tokenizers["smollm2-135m"], 512)["A"] == FULL.num_seqs
+    assert _holding("stdlib", tokenizers["gemma3-270m"], 768)["A"] == FULL.sliding_num_seqs  # C3's, without a BOS
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -110,6 +110,14 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
         "--cross-documents", action="store_true", default=unset, help="let sequences run across documents"
     )
     parser.add_argument(
+        "--windows-per-document",
+        type=int,
+        default=unset,
+        metavar="K",
+        help="at most K windows of each document, one of every document before a second of any (1: N sequences "
+        "of N distinct documents; default: no limit)",
+    )
+    parser.add_argument(
         "--grid",
         choices=GRIDS,
         default=unset,

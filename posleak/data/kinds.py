@@ -24,3 +24,7 @@ GRIDS: tuple[GridKind, ...] = get_args(GridKind)
 # What replaces an ablated value at key 0 (posleak.capture.session.AttentionEdits).
 AblateMode = Literal["zero", "mean"]
 ABLATE_MODES: tuple[AblateMode, ...] = get_args(AblateMode)
+
+# One part of a corpus's documents dealt in proportions (posleak.data.batches.part_documents): (index, shares),
+# part `index` of parts whose numbers of documents are in the proportions `shares` ((0, (1, 1)): the first half).
+Part = tuple[int, tuple[int, ...]]

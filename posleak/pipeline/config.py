@@ -25,8 +25,8 @@ MAX_RESAMPLES = 100_000  # percentile intervals settle long before; each resampl
 
 @dataclass(frozen=True)
 class MeasureOptions:
-    """How the layers are measured (docs/method.md): the tables' grid, the early queries, the bootstrap, and where
-    the range "beyond" starts."""
+    """How the layers are measured (docs/method.md): the tables' grid, the early queries, the bootstrap, where
+    the range "beyond" starts, and whether the model's own next-token scores are kept."""
 
     grid: GridKind = "coarse"
     early: int = 32
@@ -36,6 +36,10 @@ class MeasureOptions:
     # one); a number, those queries on any model, so that a model without a window is measured on the same
     # queries as a windowed one of width W at the same T
     beyond: int | None = None
+    # The model's next-token loss and top-1 hit at every query (tokens.parquet, posleak.measure.behaviour, method
+    # §11), through its output layer: an eighth of smollm2-135m's forward at T = 256, more than half of
+    # gemma3-270m's at T = 640 (its 262k-word vocabulary). False where nothing compares them (`paper`'s nulls).
+    scores: bool = True
 
     def problems(self, seq_len: int, num_seqs: int | None) -> list[str]:
         """What is wrong with these options for `num_seqs` sequences (None: any number) of `seq_len` tokens."""
@@ -106,6 +110,8 @@ class AnalysisOptions:
         measure = dataclasses.asdict(self.measure)
         if self.measure.beyond is None:  # left out, so that run folders written before it keep their fingerprint
             del measure["beyond"]
+        if self.measure.scores:  # the same, for run folders written before scores could be left out
+            del measure["scores"]
         return {
             **measure,
             "noise_correction": NOISE_CORRECTION,

@@ -206,6 +206,7 @@ def sequences_for(loaded: LoadedModel, recipe: Recipe) -> TokenBatch:
             cross_documents=recipe.cross_documents,
             max_len=max_len,
             part=recipe.part,
+            windows_per_document=recipe.windows_per_document,
         )
     return batch if recipe.null is None else make_null(batch, recipe.null, recipe.null_seed)
 

@@ -120,9 +120,10 @@ def _analyze(
         states = torch.cat(captures.extra("pos0"), dim=1)
         closed = closed_system(states, states[0])  # group by the vector at position 0 (after interventions)
         require_closed_system(closed)
-        nll, correct = torch.cat(captures.extra("nll")), torch.cat(captures.extra("correct"))
+        scores = [torch.cat(captures.extra(name)) for name in ("nll", "correct")] if options.measure.scores else None
     result = result_tables(measured, states, closed)
-    result.tokens = token_table(nll, correct, batch.ids)
+    if scores is not None:
+        result.tokens = token_table(*scores, batch.ids)
     timings = {
         "forward_s": round(forward_s, 3),
         "measure_s": round(measure_s, 3),
@@ -232,9 +233,11 @@ def _capture(
                 output = session.forward(model, ids, seq_index)
             pos0 = residual.states()[:, :, 0]
             _check_finite(pos0, model_id)
-            # the model's own predictions from this same forward (interventions included): no second pass
-            nll, correct = next_token_scores(model, output.last_hidden_state, ids)
-            captures.finish_batch(index, seq_index, {"pos0": pos0, "nll": nll, "correct": correct})
+            extra = {"pos0": pos0}
+            if options.measure.scores:
+                # the model's own predictions from this same forward (interventions included): no second pass
+                extra["nll"], extra["correct"] = next_token_scores(model, output.last_hidden_state, ids)
+            captures.finish_batch(index, seq_index, extra)
             bar.update(1)
     return sink_heads
 

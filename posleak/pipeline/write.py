@@ -142,8 +142,10 @@ def write_run(run: RunFolder, result: AnalysisResult, report: bool = True) -> No
     """The tables, figures and report of `result` in `run` (its manifest is written when the run finishes).
     `report=False` writes the tables only: for runs read by a command with a report of its own (`paper`, the lab),
     where drawing each run's figures was a third of an analysis at small sizes."""
-    for name in (*AnalysisResult.TABLES, "tokens"):
+    for name in AnalysisResult.TABLES:
         run.write_table(name, getattr(result, name))
+    if not result.tokens.empty:  # a run without next-token scores (MeasureOptions.scores) has no tokens table
+        run.write_table("tokens", result.tokens)
     if not report:
         return
     early = result.manifest["early"]

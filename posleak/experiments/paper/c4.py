@@ -206,7 +206,8 @@ def window_jobs(repro: Reproduction, runs: Mapping[str, SampleRuns]) -> dict[str
     for sample, sample_runs in runs.items():
         window = sample_runs.sliding.manifest["measurement"]["beyond"]
         if window is not None:
-            config = repro.config("standard", seq_len=seq_len, num_seqs=num_seqs, beyond=window)
+            # compared with the sliding model's magnitudes only, not its next-token scores
+            config = repro.config("standard", seq_len=seq_len, num_seqs=num_seqs, beyond=window, scores=False)
             jobs[sample] = repro.job(f"{standard.folder}-beyond{window}", standard.model, config, sample)
     return jobs
 

@@ -300,15 +300,29 @@ def _tokenizer(source: str, trust_remote_code: bool, where: dict[str, str]) -> P
     return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **where)
 
 
-def word_problems(plan: Plan, words: Mapping[RoleName, Sequence[str]]) -> list[str]:
+def role_tokenizers(plan: Plan) -> dict[str, PreTrainedTokenizerBase]:
+    """The tokenizer of each model of the plan's roles, by spec, each read once, side by side (a large tokenizer
+    takes seconds to parse): what the checks that need the tokens (`word_problems`, posleak.experiments.paper.
+    samples) read."""
+    specs = list(dict.fromkeys(plan.roles[role].model for role in ROLE_NAMES))
+    with ThreadPoolExecutor(len(specs)) as pool:
+        return dict(zip(specs, pool.map(_spec_tokenizer, specs), strict=True))
+
+
+def _spec_tokenizer(spec: str) -> PreTrainedTokenizerBase:
+    source, gguf = model_files(spec, False, download=False)
+    return _tokenizer(source, False, {"gguf_file": gguf} if gguf else {})
+
+
+def word_problems(
+    plan: Plan, words: Mapping[RoleName, Sequence[str]], tokenizers: Mapping[str, PreTrainedTokenizerBase]
+) -> list[str]:
     """Every word of `words` (per role: those its claims put into the inputs as one token, `ClaimModule.words`)
-    that the tokenizer of the role's model splits, found from the tokenizers alone, before any work; each model's
-    tokenizer read once, side by side."""
+    that the tokenizer of the role's model (`tokenizers`, by spec: `role_tokenizers`) splits, before any work."""
     wanted: dict[str, dict[str, None]] = {}  # per model spec, its words in order, each once
     for role, role_words in words.items():
         wanted.setdefault(plan.roles[role].model, {}).update(dict.fromkeys(role_words))
-    with ThreadPoolExecutor(max(1, len(wanted))) as pool:
-        split = dict(zip(wanted, pool.map(_split_words, wanted, [list(w) for w in wanted.values()]), strict=True))
+    split = {spec: _split_words(tokenizers[spec], list(spec_words)) for spec, spec_words in wanted.items()}
     return [
         f"model {spec}: its tokenizer splits {', '.join(repr(w) for w in found)}, which the reproduction puts at "
         "position 0 as one token each (C3's K/V patch, C6's first tokens); give the role a model whose tokenizer "
@@ -318,8 +332,6 @@ def word_problems(plan: Plan, words: Mapping[RoleName, Sequence[str]]) -> list[s
     ]
 
 
-def _split_words(spec: str, words: list[str]) -> list[str]:
-    """The words that the tokenizer of `spec` encodes to more than one token (no special tokens)."""
-    source, gguf = model_files(spec, False, download=False)
-    tokenizer = _tokenizer(source, False, {"gguf_file": gguf} if gguf else {})
+def _split_words(tokenizer: PreTrainedTokenizerBase, words: list[str]) -> list[str]:
+    """The words that `tokenizer` encodes to more than one token (no special tokens)."""
     return [word for word in words if len(tokenizer.encode(word, add_special_tokens=False)) != 1]

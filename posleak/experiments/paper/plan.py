@@ -117,13 +117,24 @@ class Plan:
         return self.size("standard") if role == "bos" else sizes[role]
 
 
+# How many sequences a sample can take: each is a window of a document of its own (one window per document,
+# posleak.experiments.paper.reproduction), and A, B and the selection sample share the documents long enough for
+# a window 2:2:1. With seed 0, per sample A / B / selection (posleak.experiments.paper.samples counts them before
+# any work, refusing a plan they cannot hold), the documents that hold a window of T tokens:
+#   stdlib docstrings (143 documents; Python 3.11):   T = 256: 40–43 / 40–42 / 20–21 (smollm2, gemma3, qwen2.5)
+#                                                      T = 512: 27–29 / 28–29 / 13–14;  T = 640: 22–24 / 23–24 / 12
+#                                                      T = 768: 18–20 / 21–22 / 9–11
+#   World English Bible (66 books, 63 of them ≥ 640 tokens): T = 512: 25 / 26 / 13;  T = 768: 24–25 / 26 / 12
+# --quick takes 16 per sample at T = 256 and 640. --full cannot take 32: at its T = 512 both corpora together hold
+# 64–72 documents long enough, too few for 2 × 32 and a selection sample; it takes the most they allow, 25 at
+# T = 512 (the Bible's sample A) and 20 at T = 768 (the stdlib's sample A with gemma3-270m's tokenizer).
 QUICK = Plan(
     name="quick",
     seq_len=256,
-    num_seqs=8,
+    num_seqs=16,  # 16 documents per sample, one window each (issue 43: intervals over too few documents)
     sliding_seq_len=640,
-    sliding_num_seqs=8,  # every role at N ≥ 8: at N = 4 a percentile interval covered 78–91% (method §6)
-    large_base_num_seqs=8,
+    sliding_num_seqs=16,
+    large_base_num_seqs=16,
     ntk_factors=(4.0, 16.0),
     control_draws=1,  # the full plan's 3: four fewer runs per unit and sample (two per question), for time
     c3_both_bos=False,
@@ -138,10 +149,10 @@ QUICK = Plan(
 FULL = Plan(
     name="full",
     seq_len=512,
-    num_seqs=12,
+    num_seqs=25,  # the most both corpora allow at T = 512 (above): 32 would need 80 documents that long
     sliding_seq_len=768,
-    sliding_num_seqs=8,
-    large_base_num_seqs=12,
+    sliding_num_seqs=20,  # the most the stdlib docstrings allow at T = 768
+    large_base_num_seqs=25,
     ntk_factors=(2.0, 4.0, 16.0),
     control_draws=3,
     c3_both_bos=True,

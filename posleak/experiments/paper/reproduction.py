@@ -2,9 +2,12 @@
 OUT/runs on a backend, and their results per sample as one typed record.
 
 Every analysis runs on each of two samples of sequences (A and B) that share no document: the corpus's documents
-are dealt into three parts by the seed (posleak.data.batches.part_documents), A's sequences are windows of the
-first part's documents, B's of the second's, and C3 chooses its heads on the third (`SELECTION`). The deal does
-not depend on the model, so every model's sample A holds windows of the same documents.
+are dealt into three parts by the seed in the proportions 2:2:1 (`SHARES`, posleak.data.batches.part_documents), A's
+sequences are windows of the first part's documents, B's of the second's, and C3 chooses its heads on the third
+(`SELECTION`), which judges nothing and takes half of A's sequences. Each sequence is a window of a document of its
+own (`WINDOWS_PER_DOCUMENT`), so a sample of N sequences is N documents, the units its intervals resample. The deal
+does not depend on the model or on T, so no analysis of sample A shares a document with one of sample B, whatever
+their models; which documents each sample's runs used is read from their manifests (`Reproduction.documents`).
 """
 
 from __future__ import annotations
@@ -15,14 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from posleak.data.batches import TokenBatch, part_documents
-from posleak.data.corpus import load_corpus
-from posleak.data.kinds import NullKind
+from posleak.data.batches import TokenBatch
+from posleak.data.kinds import NullKind, Part
 from posleak.experiments.batch import AnalysisJob, ModelCache, draw_sequences, run_analyses
 from posleak.experiments.paper.plan import SAMPLES, Plan, Role, RoleName
 from posleak.intervene import Interventions
 from posleak.models.load import LoadedModel
 from posleak.pipeline import AnalysisResult, AnalyzeConfig
+from posleak.pipeline.config import MIN_SEQS
 from posleak.store import RunFolder
 
 BOS_KINDS = ("mean", "random", "zero")  # C5: what replaces the BOS's embedding
@@ -30,8 +33,14 @@ BOS_KINDS = ("mean", "random", "zero")  # C5: what replaces the BOS's embedding
 NULL_KINDS: tuple[NullKind, ...] = ("shuffle", "shift")
 BASELINE_ROLES: tuple[RoleName, ...] = ("standard", "large-base", "sliding")  # the models C1, C2 (and C4) judge
 SELECTION = "selection"  # the sample C3's heads are chosen on, which judges nothing
-# Each sample's part of the corpus's documents (index, count): the recipe's `part`.
-PARTS: dict[str, tuple[int, int]] = {"A": (0, 3), "B": (1, 3), SELECTION: (2, 3)}
+# The proportions of A, B and SELECTION in the deal of the documents. The selection sample only picks C3's sink heads
+# (α₀ > 0.3, a mean over every later query of its sequences), so half of A's sequences serve it, and the smaller
+# share leaves A and B more of the documents long enough for a window: at T = 512 the stdlib docstrings hold 68–72
+# such documents (by tokenizer) and the World English Bible 64, which equal thirds would cut to about 23 and 21 each.
+SHARES = (2, 2, 1)
+# Each sample's part of the corpus's documents (index, shares): the recipe's `part`.
+PARTS: dict[str, Part] = {"A": (0, SHARES), "B": (1, SHARES), SELECTION: (2, SHARES)}
+WINDOWS_PER_DOCUMENT = 1  # every sequence of a sample is a window of a document of its own
 
 
 class Reproduction:
@@ -55,6 +64,7 @@ class Reproduction:
         self.backend = backend
         self.address = address
         self.models = ModelCache()
+        self._used: dict[str, set[str]] = {}  # per sample, the documents of its runs' and measures' sequences
 
     def model(self, name: str) -> LoadedModel:
         return self.models.get(name, Interventions(), self.plan.placement)
@@ -64,24 +74,32 @@ class Reproduction:
         return analysis_config(self.plan, role, **changes)
 
     def job(self, name: str, model: str, config: AnalyzeConfig, sample: str) -> AnalysisJob:
-        """Analysis `name` of `model` on sample A, B or SELECTION (windows of its part of the documents, `PARTS`),
-        into OUT/runs/NAME-SAMPLE, its tables without a report of its own."""
+        """Analysis `name` of `model` on sample A, B or SELECTION (`sample_config`), into OUT/runs/NAME-SAMPLE, its
+        tables without a report of its own."""
         folder = self.out.path / "runs" / f"{name}-{sample}"
-        return AnalysisJob(f"{name}-{sample}", model, config.replace(part=PARTS[sample]), folder, report=False)
+        return AnalysisJob(f"{name}-{sample}", model, sample_config(config, sample), folder, report=False)
 
     def sample(self, model: str, config: AnalyzeConfig, sample: str) -> TokenBatch:
-        return draw_sequences(self.models, model, config.replace(part=PARTS[sample]))
+        """The sequences of `config` for `model` on sample A, B or SELECTION (for a measure outside an analysis)."""
+        batch = draw_sequences(self.models, model, sample_config(config, sample))
+        self._used.setdefault(sample, set()).update(batch.documents or ())
+        return batch
 
     def documents(self, sample: str) -> list[str]:
-        """The titles of the documents whose windows make up sample A, B or SELECTION, for every model."""
-        corpus = load_corpus(self.plan.corpus)
-        return [corpus.titles[k] for k in part_documents(corpus, PARTS[sample], self.config("standard").recipe.seed)]
+        """The titles of the documents whose windows the runs and measures of sample A, B or SELECTION used, every
+        model's (as their manifests name them), in alphabetical order."""
+        return sorted(self._used.get(sample, ()))
 
     def run(self, jobs: list[AnalysisJob]) -> list[AnalysisResult]:
         """The result of every job, in order: finished ones read back, the others run on the backend."""
-        return run_analyses(
+        results = run_analyses(
             jobs, backend=self.backend, address=self.address, models=self.models, progress=self.progress
         )
+        for job, result in zip(jobs, results, strict=True):
+            sample = _SAMPLE_OF.get(job.config.recipe.part)
+            if sample is not None:
+                self._used.setdefault(sample, set()).update(result.manifest["data"]["documents"] or ())
+        return results
 
 
 def analysis_config(plan: Plan, role: RoleName, **changes: Any) -> AnalyzeConfig:
@@ -94,9 +112,26 @@ def analysis_config(plan: Plan, role: RoleName, **changes: Any) -> AnalyzeConfig
         bootstrap=plan.bootstrap,
         corpus=plan.corpus,
         cross_documents=plan.cross_documents,
+        # windows that run across documents have no document of their own to count
+        windows_per_document=None if plan.cross_documents else WINDOWS_PER_DOCUMENT,
         **plan.placement.to_dict(),
     )
     return AnalyzeConfig(**(options | changes))  # `changes` wins (C6 takes its own T, N and BOS)
+
+
+def sample_config(config: AnalyzeConfig, sample: str) -> AnalyzeConfig:
+    """`config` on sample A, B or SELECTION: windows of its part of the documents (`PARTS`); on SELECTION, which
+    has half of A's share, half of A's sequences (`selection_seqs`), and no next-token scores: it only chooses
+    heads, and no intervention is compared with it."""
+    if sample == SELECTION:
+        return config.replace(part=PARTS[sample], num_seqs=selection_seqs(config.recipe.num_seqs), scores=False)
+    return config.replace(part=PARTS[sample])
+
+
+def selection_seqs(num_seqs: int) -> int:
+    """The sequences of the selection sample when A and B have `num_seqs` each: in proportion to its share, at
+    least the fewest an analysis takes."""
+    return max(MIN_SEQS, num_seqs * SHARES[2] // SHARES[0])
 
 
 @dataclass(frozen=True)
@@ -109,6 +144,9 @@ class Analysis:
     folder: str
     interventions: Interventions = dataclasses.field(default_factory=Interventions)
     null: NullKind | None = None
+
+
+_SAMPLE_OF = {part: sample for sample, part in PARTS.items()}
 
 
 def shared_analyses(plan: Plan) -> list[Analysis]:
@@ -215,7 +253,8 @@ def run_shared(repro: Reproduction) -> dict[str, SampleRuns]:
         repro.job(
             a.folder,
             roles[a.role].model,
-            repro.config(a.role, interventions=a.interventions, null=a.null),
+            # a null's next-token scores are compared with nothing (posleak.pipeline.config.MeasureOptions.scores)
+            repro.config(a.role, interventions=a.interventions, null=a.null, scores=a.null is None),
             sample,
         )
         for sample in SAMPLES

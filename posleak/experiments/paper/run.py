@@ -17,10 +17,11 @@ from posleak.experiments.paper.c6 import C6
 from posleak.experiments.paper.claim import ClaimModule
 from posleak.experiments.paper.corpora import corpus_folder, corpus_problems, side_by_side
 from posleak.experiments.paper.effects import add_effects
-from posleak.experiments.paper.models import role_problems, word_problems
+from posleak.experiments.paper.models import role_problems, role_tokenizers, word_problems
 from posleak.experiments.paper.plan import QUICK, SAMPLES, SHOWN, Plan, RoleName
 from posleak.experiments.paper.report import write_outputs, write_top
 from posleak.experiments.paper.reproduction import SELECTION, Reproduction, SampleRuns, run_shared
+from posleak.experiments.paper.samples import document_problems
 from posleak.experiments.paper.verdict import Claim
 from posleak.report.html import TableBlock
 from posleak.runner import backend_problems
@@ -78,13 +79,17 @@ def _reproduce_on(repro: Reproduction) -> list[Claim]:
 
 def reproduction_problems(out: Path | str, plan: Plan, backend: str = "local", found: Sequence[str] = ()) -> list[str]:
     """Every problem that stops `reproduce`, found before any work: the output folder, the placement, the
-    backend, the corpora (posleak.experiments.paper.corpora) and the models in their roles (from their configs and
-    tokenizers, posleak.experiments.paper.models), after `found` (the plan's own problems, which the caller has)."""
+    backend, the corpora (posleak.experiments.paper.corpora), the models in their roles (from their configs and
+    tokenizers, posleak.experiments.paper.models) and the documents each sample's part holds for its sequences
+    (posleak.experiments.paper.samples), after `found` (the plan's own problems, which the caller has)."""
     problems = [*found, *out_folder_problems(out), *plan.placement.problems(), *backend_problems(backend)]
     problems += corpus_problems(plan) + role_problems(plan)
-    # the tokenizers are parsed (seconds of CPU each, Gemma's the most) only for a plan that passes every other
-    # check: a run already refused is not kept waiting for one more line
-    return problems or word_problems(plan, claim_words())
+    if problems:
+        return problems
+    # the tokenizers are parsed (seconds of CPU each, Gemma's the most) and the corpora tokenized only for a plan
+    # that passes every other check: a run already refused is not kept waiting for one more line
+    tokenizers = role_tokenizers(plan)
+    return word_problems(plan, claim_words(), tokenizers) + document_problems(plan, tokenizers)
 
 
 def claim_words() -> dict[RoleName, list[str]]:

@@ -99,7 +99,8 @@ class Claim:
     numbers: dict[str, Any] = field(default_factory=dict)
     models: dict[str, dict[str, str]] = field(default_factory=dict)  # per role it reads: spec and weights' SHA-256
     # per corpus: its provenance (SampleRuns.corpus), `samples`, the names of its samples, and `documents`, per
-    # sample (and C3's selection sample) the titles of the documents its windows are cut from; none in older files
+    # sample (and C3's selection sample) the titles of the documents its runs' windows were cut from, every model's
+    # (Reproduction.documents); none in older files
     corpora: dict[str, dict[str, Any]] = field(default_factory=dict)
     figures: list[Path | FigureBlock] = field(default_factory=list)  # FigureBlock: with a caption (its corpus)
     tables: list[TableBlock] = field(default_factory=list)
