@@ -124,11 +124,8 @@ def _analyze(
     result = result_tables(measured, states, closed)
     if scores is not None:
         result.tokens = token_table(*scores, batch.ids)
-    timings = {
-        "forward_s": round(forward_s, 3),
-        "measure_s": round(measure_s, 3),
-        "total_s": round(time.perf_counter() - started, 3),
-    }
+    timings = {"forward_s": forward_s, "measure_s": measure_s, "total_s": time.perf_counter() - started}
+    timings = {name: round(seconds, 3) for name, seconds in timings.items()}
     manifest = run_manifest(model, model_id, loaded, batch, options, tokenizer, measured, closed, sink_heads, timings)
     result.manifest = manifest
     if run is not None:
