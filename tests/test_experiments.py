@@ -157,6 +157,30 @@ def test_claims_json_has_a_verdict_and_the_evidence_of_both_samples(paper: Path)
     rows = c5["samples"]["A"]["evidence"]
     assert [row["evidence"] for row in rows] == ["mean: removed", "random: removed", "zero: removed"]
     assert [row["deciding"] for row in rows] == [True, False, False]  # the replacement named before the data
+    _effects_are_pooled_from_both_samples(paper, claims)
+
+
+def _effects_are_pooled_from_both_samples(paper: Path, claims: list[dict[str, Any]]) -> None:
+    """Every deciding row with an interval in both samples is pooled, its value between A's and B's, its
+    documents those its runs drew (C2's row of the standard model: its baseline's manifests); an inconclusive
+    claim projects each row a sample left unclear, a decided one none (posleak.experiments.paper.effects)."""
+    for claim in claims:
+        rows = {s: {r["evidence"]: r for r in sample["evidence"]} for s, sample in claim["samples"].items()}
+        both = {n: (r, rows["B"][n]) for n, r in rows["A"].items() if r["deciding"] and n in rows["B"]}
+        intervals = [n for n, (a, b) in both.items() if a["lo"] is not None and b["lo"] is not None]
+        assert [e["evidence"] for e in claim["pooled"]] == intervals, claim["claim"]
+        for e in claim["pooled"]:
+            a, b = rows["A"][e["evidence"]]["value"], rows["B"][e["evidence"]]["value"]
+            assert min(a, b) - 1e-9 <= e["value"] <= max(a, b) + 1e-9 and e["lo"] <= e["hi"]
+            assert e["samples"] == {s: rows[s][e["evidence"]]["says"] for s in "AB"}
+        unclear = [n for n, (a, b) in both.items() if "unclear" in {a["says"], b["says"]}]
+        projected = [e["evidence"] for e in claim["projection"]]
+        assert projected == (unclear if claim["verdict"] == "inconclusive" else []), claim["claim"]
+    c2 = next(c for c in claims if c["claim"] == "C2")
+    for sample in "AB":
+        titles = json.loads((paper / "runs" / f"smollm2-135m-{sample}" / "manifest.json").read_text())["data"]
+        [e] = [e for e in c2["pooled"] if e["evidence"] == "smollm2-135m: mask_early"]
+        assert e["documents"][sample] == len(set(titles["documents"])) >= 2
 
 
 @pytest.mark.slow
