@@ -52,7 +52,7 @@ from posleak.experiments.paper.c6 import (
     probe_identity,
 )
 from posleak.experiments.paper.corpora import corpus_problems, side_by_side
-from posleak.experiments.paper.models import role_tokenizers
+from posleak.experiments.paper.models import role_problems, role_tokenizers
 from posleak.experiments.paper.plan import ROLES, SAMPLES
 from posleak.experiments.paper.report import write_top
 from posleak.experiments.paper.reproduction import (
@@ -83,7 +83,7 @@ TEST_PLAN = """\
 roles:
   standard: {seq_len: 128, num_seqs: 4}
   large-base: {seq_len: 128, num_seqs: 4}
-  sliding: {seq_len: 576, num_seqs: 2}
+  sliding: {seq_len: 576, num_seqs: 4}
 base: {bootstrap: 50, fingerprint_seqs: 4, lab_steps: 40, lab_seq_len: 32, lab_analyze_seqs: 8}
 """
 # 81 analyses (tables only, no per-run report), the lab and C6's probe: 5.5 minutes measured on a quiet 2-core
@@ -1430,3 +1430,18 @@ def test_paper_draws_from_the_corpus_it_is_given_and_refuses_a_bad_one_before_an
     assert proc.returncode == 2 and not out.exists(), proc.stderr
     corpus = [line for line in lines if line.startswith("posleak: error: corpus ")]  # bible-web is read well
     assert len(corpus) == 1 and corpus[0].startswith("posleak: error: corpus 'nosuch' is neither"), proc.stderr
+
+
+def test_a_sample_of_fewer_than_four_documents_is_refused_before_any_work(zoo_model) -> None:
+    """A bootstrap over fewer than 4 documents collapses or barely moves (docs/method.md §6): a plan that draws 3 per
+    sample for a role is refused, one line naming the role, its size and the minimum (the bos role, which follows the
+    standard role's size, too); 4 pass."""
+    for name in ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"):
+        zoo_model(name)
+    few = role_problems(replace(QUICK, sizes={"standard": (256, 3)}))
+    assert [p for p in few if "too few for a bootstrap" in p] == [
+        f"{role} (T = 256, N = 3): 3 documents per sample are too few for a bootstrap interval (docs/method.md §6); "
+        "give the role num_seqs ≥ 4"
+        for role in ("standard", "bos")
+    ]
+    assert not [p for p in role_problems(replace(QUICK, sizes={"standard": (256, 4)})) if "too few" in p]

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from posleak.errors import PosleakError
 from posleak.experiments.paper.plan import BOS_ROLES, ROLE_NAMES, Plan, RoleName, role_for
 from posleak.experiments.paper.reproduction import analysis_config
+from posleak.measure.bootstrap import MIN_BOOTSTRAP_UNITS
 from posleak.models.builtin import ZOO
 from posleak.models.facts import ModelFacts
 from posleak.models.load import load_error, model_files
@@ -205,6 +206,11 @@ def role_problems(plan: Plan) -> list[str]:
         folders.setdefault(folder, role)
         seq_len, num_seqs = plan.size(role)
         options = analysis_config(plan, role).problems()
+        if num_seqs < MIN_BOOTSTRAP_UNITS:  # one window per document: N documents per sample
+            options.append(
+                f"{num_seqs} documents per sample are too few for a bootstrap interval (docs/method.md §6); "
+                f"give the role num_seqs ≥ {MIN_BOOTSTRAP_UNITS}"
+            )
         problems.extend([f"{role} (T = {seq_len}, N = {num_seqs}): {p}" for p in options])
         known = facts[spec]
         if isinstance(known, RoleFacts):
