@@ -84,7 +84,7 @@ roles:
   standard: {seq_len: 128, num_seqs: 4}
   large-base: {seq_len: 128, num_seqs: 4}
   sliding: {seq_len: 576, num_seqs: 4}
-base: {bootstrap: 50, fingerprint_seqs: 4, lab_steps: 40, lab_seq_len: 32, lab_analyze_seqs: 8}
+base: {bootstrap: 50, fingerprint_seqs: 4, lab_steps: 40, lab_seq_len: 32, lab_analyze_seqs: 8, c3_reported: true}
 """
 # 81 analyses (tables only, no per-run report), the lab and C6's probe: 5.5 minutes measured on a quiet 2-core
 # Intel Xeon (2026-12-04), 9.1 in a full suite run beside other work; 14.3 on a 2-core AMD EPYC when each run
@@ -206,6 +206,8 @@ def test_position0_and_sink_ablation_tables(paper: Path) -> None:
                 for question in ("clock", "kv0")
                 for heads in ("sinks", *(f"control{k}" for k in range(QUICK.control_draws)))
             ]
+            # the runs reported, not judged, in the model's own BOS setting (--quick leaves them out; the plan file
+            # above asks for them, as the full plan does)
             expected += ["ablate-sinks", "ablate-sinks-mean", "ablate-control0", "patch-pos0"] if full else []
             assert list(runs.index) == expected == list(unit["runs"])
             # the heads come from the selection sample's baseline, not from the sample that judges them
@@ -283,6 +285,9 @@ def test_every_run_folder_is_complete(paper: Path) -> None:
         assert json.loads((folder / "manifest.json").read_text())["status"] == "complete", folder
         # the tables the claims read, and no per-run report: the reproduction draws its own
         assert (folder / "per_layer.parquet").is_file() and not (folder / "report.html").exists(), folder
+        # next-token scores wherever an intervention is compared with the run, nowhere else
+        compared = not re.search(r"-(shift|shuffle)-|-selection$|-beyond\d+-", folder.name)
+        assert (folder / "tokens.parquet").is_file() == compared, folder
     trials = sorted((paper / "lab" / "trials").iterdir())
     assert len(trials) == 3 * len(QUICK.lab_seeds) and all((trial / "complete.json").is_file() for trial in trials)
 

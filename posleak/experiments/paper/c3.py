@@ -58,7 +58,7 @@ C3_CRITERION = (
     "consistent if the closed system fails or question (a) is not consistent; consistent when the closed system "
     "holds and (a) is consistent; inconclusive otherwise. Question (b), whether the content of the trajectory "
     "matters, has its own verdict beside the claim's and does not enter it. The value ablation (zero, mean) with a "
-    "control and the patch of the whole position-0 trajectory are reported, not judged."
+    "control and the patch of the whole position-0 trajectory are reported, not judged (the full plan runs them)."
 )
 
 UnitRows = Mapping[str, Mapping[str, list[dict[str, Any]]]]  # per unit label, its rows by question key

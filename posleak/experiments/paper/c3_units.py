@@ -75,10 +75,11 @@ class Unit:
     bos_at_0: bool
     label: str  # how evidence rows, tables and claims.json name it
     folder: str  # its run folders' names start with this (then -RUN-SAMPLE)
+    reported: bool = False  # also the runs reported, not judged (Design.interventions): own BOS setting, if planned
 
     @property
     def full(self) -> bool:
-        """Every C3 run (the role's own BOS setting), or the deciding test only."""
+        """The role's own BOS setting (its baseline is the shared one), or the other."""
         return self.bos == "auto"
 
 
@@ -90,7 +91,7 @@ def c3_units(repro: Reproduction, runs: SampleRuns) -> list[Unit]:
     for role in C3_ROLES:
         spec = repro.plan.roles[role]
         at_0 = runs.by_role()[role].manifest["data"]["bos_id"] is not None
-        units.append(Unit(role, "auto", at_0, _label(spec.name, at_0), spec.folder))
+        units.append(Unit(role, "auto", at_0, _label(spec.name, at_0), spec.folder, repro.plan.c3_reported))
         if repro.plan.c3_both_bos and (at_0 or read_facts(spec.model).has_bos):
             other: BosPolicy = "off" if at_0 else "on"
             units.append(Unit(role, other, not at_0, _label(spec.name, not at_0), f"{spec.folder}-bos{other}"))
@@ -153,10 +154,10 @@ class Design:
         later = sorted(layer for layer in selection.per_layer["layer"] if layer > sinks["layer"].min())
         return cls(sinks, [layer_matched_controls(selection.per_head, sinks, d) for d in range(draws)], later)
 
-    def interventions(self, full: bool) -> dict[str, tuple[Interventions, pd.DataFrame | None]]:
+    def interventions(self, reported: bool) -> dict[str, tuple[Interventions, pd.DataFrame | None]]:
         """Each run by name with the heads it edits (None: every head): per question, RUN-sinks and RUN-control{k}
-        (clock-sinks, clock-control0, ..., kv0-sinks, kv0-control0, ...); with `full` also ablate-sinks,
-        ablate-sinks-mean, ablate-control0, patch-pos0."""
+        (clock-sinks, clock-control0, ..., kv0-sinks, kv0-control0, ...); with `reported` also the runs reported,
+        not judged: ablate-sinks, ablate-sinks-mean, ablate-control0, patch-pos0."""
         if self.sinks.empty:
             return {}
         runs = {}
@@ -165,7 +166,7 @@ class Design:
             runs |= {
                 f"{question.run}-control{k}": (question.edit(head_list(c)), c) for k, c in enumerate(self.controls)
             }
-        if full:
+        if reported:
             sinks = head_list(self.sinks)
             runs["ablate-sinks"] = (Interventions(ablate_sink_values=sinks), self.sinks)
             runs["ablate-sinks-mean"] = (Interventions(ablate_sink_values=sinks, ablate_mode="mean"), self.sinks)
@@ -190,7 +191,7 @@ def unit_jobs(repro: Reproduction, unit: Unit, design: Design, sample: str) -> d
     config, model = unit_config(repro, unit), repro.plan.roles[unit.role].model
     return {
         name: repro.job(f"{unit.folder}-{name}", model, dataclasses.replace(config, interventions=edit), sample)
-        for name, (edit, _) in design.interventions(unit.full).items()
+        for name, (edit, _) in design.interventions(unit.reported).items()
     }
 
 
@@ -214,7 +215,7 @@ class UnitEvidence:
     def table(self) -> pd.DataFrame:
         """One row per run: the unit, the run, how many heads it edits and which, by layer, the change."""
         records = []
-        for name, (_, heads) in self.design.interventions(self.unit.full).items():
+        for name, (_, heads) in self.design.interventions(self.unit.reported).items():
             estimate = self.change(name)
             records.append(
                 {

@@ -57,14 +57,15 @@ COUNTS = (
     "batch_size",
 )
 LISTS = {"ntk_factors": float, "lab_seeds": int, "corpora": str}
+SWITCHES = ("cross_documents", "c3_reported")  # true or false
 PLAN_FILE = SpecFormat(
     kind="paper plan",
     short="plan",
     owner="paper plan",
     module="posleak/experiments/paper/models.py",
     sections=("roles", "base"),
-    options=frozenset([*COUNTS, *LISTS, "name", "cross_documents"]),
-    options_hint=f"use {', '.join(sorted([*COUNTS, *LISTS, 'name', 'cross_documents']))}",
+    options=frozenset([*COUNTS, *LISTS, *SWITCHES, "name"]),
+    options_hint=f"use {', '.join(sorted([*COUNTS, *LISTS, *SWITCHES, 'name']))}",
 )
 
 
@@ -156,7 +157,7 @@ def _checked_base(path: Path, base: dict[str, Any], problems: Problems) -> dict[
             value = tuple(kind(v) for v in value) if ok else value
         elif key == "name":
             ok = isinstance(value, str) and bool(value)
-        elif key == "cross_documents":
+        elif key in SWITCHES:
             ok = isinstance(value, bool)
         else:
             ok = _is_count(value)
@@ -171,7 +172,7 @@ def _kind_of(key: str) -> str:
     if key in LISTS:
         kinds = {float: "numbers > 0", int: "whole numbers ≥ 0", str: "corpus names (stdlib, bible-web, a file, ...)"}
         return f"a non-empty list of {kinds[LISTS[key]]}"
-    return {"name": "a name", "cross_documents": "true or false"}.get(key, "a whole number ≥ 1")
+    return "a name" if key == "name" else "true or false" if key in SWITCHES else "a whole number ≥ 1"
 
 
 def _is_count(value: Any) -> bool:

@@ -82,6 +82,9 @@ class Plan:
     ntk_factors: tuple[float, ...]
     control_draws: int  # C3: draws of layer-matched non-sink heads, as many as there are sink heads (per unit)
     c3_both_bos: bool  # C3 also in each model's other BOS setting (--quick: its own only, for time)
+    # C3's runs that are reported, not judged (value ablations, the whole position-0 patch) in each model's own BOS
+    # setting (--quick leaves them out, for time: 3 to 4 runs per unit and sample)
+    c3_reported: bool
     fingerprint_seqs: int
     bootstrap: int
     lab_steps: int  # C4's controlled line: training steps of each lab model
@@ -138,6 +141,7 @@ QUICK = Plan(
     ntk_factors=(4.0, 16.0),
     control_draws=1,  # the full plan's 3: four fewer runs per unit and sample (two per question), for time
     c3_both_bos=False,
+    c3_reported=False,
     fingerprint_seqs=8,
     bootstrap=200,
     lab_steps=300,
@@ -156,6 +160,7 @@ FULL = Plan(
     ntk_factors=(2.0, 4.0, 16.0),
     control_draws=3,
     c3_both_bos=True,
+    c3_reported=True,
     fingerprint_seqs=24,
     bootstrap=500,
     lab_steps=600,
