@@ -76,7 +76,7 @@ CLAIMS = ["C1", "C2", "C3", "C4", "C5", "C6"]
 CHECK_BUDGET_S = 10.0
 # The reproduction end to end at test sizes: `--quick`'s roles, runs, claims and tables, with T, N, the bootstrap and
 # the lab made small through a plan file (the --plan a user has), so that the suite proves the mechanics in minutes.
-# The verdicts a reader sees come from a real `make run` (`posleak paper --quick`, 18.6 minutes on a quiet 2-core
+# The verdicts a reader sees come from a real `make run` (`posleak paper --quick`, its time on a quiet 2-core
 # Intel Xeon, docs/performance.md), rendered into docs/results.md and the README, which a test below checks against
 # the claims.json they name.
 TEST_PLAN = """\

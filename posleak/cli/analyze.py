@@ -68,7 +68,7 @@ def _add_paper_parser(sub: argparse._SubParsersAction) -> None:
     """`posleak paper` and its options (`_paper` runs it)."""
     paper = sub.add_parser("paper", help="reproduce claims C1–C6 of arXiv 2606.06160 (built-in models or any, by role)")
     size = paper.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="the default: about 15 minutes on 2 cores")
+    size.add_argument("--quick", action="store_true", help="the default (its sizes and time: docs/performance.md)")
     size.add_argument("--full", action="store_true", help="more and longer sequences")
     paper.add_argument(
         "--models",

@@ -70,8 +70,8 @@ def role_for(role: RoleName, model: str) -> Role:
 @dataclass(frozen=True)
 class Plan:
     """Sizes of one reproduction, per sample (two samples that share no document), the model of each role
-    (`roles`, with per-role T and N in `sizes` where a plan file gives them) and the corpora; `--quick` took 22.6
-    minutes on a 2-core Intel Xeon (docs/performance.md)."""
+    (`roles`, with per-role T and N in `sizes` where a plan file gives them) and the corpora; what each plan
+    takes on 2 cores is measured in docs/performance.md."""
 
     name: str
     seq_len: int  # T and N of the standard role (and of the bos role, which follows it)
