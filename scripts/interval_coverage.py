@@ -12,8 +12,9 @@ correction's pairs and the bootstrap's draws go by document.
     python scripts/interval_coverage.py --num-seqs 4 8 16 32 --draws 200 --out docs/results/interval_coverage.csv
 
 prints one line per (setting, N, magnitude) and writes the table, with a Markdown summary beside it (.md);
-`--summary CSV` writes the summary of a table already written. With fewer than four documents there is no interval
-(posleak.measure.bootstrap.MIN_BOOTSTRAP_UNITS), and the summary says so.
+`--settings` runs some of the settings only; `--summary CSV` writes the summary of a table already written. With
+fewer than four documents there is no interval (posleak.measure.bootstrap.MIN_BOOTSTRAP_UNITS), and the summary
+says so.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def main() -> None:
     parser.add_argument("--bootstrap", type=int, default=200)
     parser.add_argument("--truth-seqs", type=int, default=256)
     parser.add_argument("--truth-layers", type=int, default=4)
+    parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
     parser.add_argument("--out", type=Path)
     parser.add_argument("--summary", type=Path, help="write the Markdown summary of this CSV beside it and stop")
     args = parser.parse_args()
@@ -81,8 +83,8 @@ def main() -> None:
         args.summary.with_suffix(".md").write_text(summary(pd.read_csv(args.summary)))
         return
     rows = []
-    for setting, planted in SETTINGS.items():
-        planted = dataclasses.replace(planted, seq_len=args.seq_len)
+    for setting in args.settings:
+        planted = dataclasses.replace(SETTINGS[setting], seq_len=args.seq_len)
         truths = {name: truth(planted, name, args.truth_seqs, args.truth_layers) for name in NAMES}
         for layout, (windows, shared) in LAYOUTS.items():
             for n in args.num_seqs:
@@ -113,25 +115,27 @@ def main() -> None:
 
 
 def summary(table: pd.DataFrame) -> str:
-    """Coverage by layout and N (rows) and magnitude (columns), each cell the range over the settings."""
-    cells = table.groupby(["layout", "num_seqs", "documents", "magnitude"])["coverage"].agg(["min", "max"])
+    """Coverage by setting, layout and N (rows) and magnitude (columns); "-" where a magnitude was not measured."""
+    keys = ["setting", "layout", "num_seqs", "documents"]
+    cells = table.set_index([*keys, "magnitude"])["coverage"]
 
-    def cell(row: pd.Series) -> str:
-        if row.name[2] < MIN_BOOTSTRAP_UNITS:
+    def cell(documents: int, value: float) -> str:
+        if documents < MIN_BOOTSTRAP_UNITS:
             return f"no interval (< {MIN_BOOTSTRAP_UNITS} documents)"
-        return f"{100 * row['min']:.1f}–{100 * row['max']:.1f}%"
+        return "-" if pd.isna(value) else f"{100 * value:.1f}%"
 
-    wide = cells.apply(cell, axis=1).unstack("magnitude")
+    wide = cells.unstack("magnitude").reindex(columns=list(NAMES))
     first = table.iloc[0]
     lines = [
         f"Coverage of 95% intervals on planted layers (T = {first.seq_len}, {first.draws} draws, "
-        f"{first.bootstrap} resamples; range over {table.setting.nunique()} settings), scripts/interval_coverage.py",
+        f"{first.bootstrap} resamples), scripts/interval_coverage.py",
         "",
-        "| layout | N | documents | " + " | ".join(NAMES) + " |",
-        "|---|---|---|" + "---|" * len(NAMES),
+        "| setting | layout | N | documents | " + " | ".join(NAMES) + " |",
+        "|---|---|---|---|" + "---|" * len(NAMES),
     ]
-    for (layout, n, documents), row in wide.iterrows():
-        lines.append(f"| {layout} | {n} | {documents} | " + " | ".join(row[name] for name in NAMES) + " |")
+    for (setting, layout, n, documents), row in wide.iterrows():
+        values = " | ".join(cell(documents, row[name]) for name in NAMES)
+        lines.append(f"| {setting} | {layout} | {n} | {documents} | {values} |")
     return "\n".join(lines) + "\n"
 
 
