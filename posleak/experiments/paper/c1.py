@@ -77,8 +77,8 @@ class C1(ClaimModule):
     roles = ("standard", "large-base", "sliding")
     criterion = C1_CRITERION
     method = (
-        "The decomposition of each model's log-attention into g, m and r (docs/method.md §2–3); the "
-        "magnitudes averaged over layers."
+        "The decomposition of each model's mean log-attention by rows into g(d), c(i) and w(i, d) (docs/method.md "
+        "§2–3); the magnitudes averaged over layers."
     )
 
     def judge(self, runs: SampleRuns, sample: str) -> Judgement:
