@@ -29,12 +29,18 @@ def deciding_rows(claims: list[dict]) -> list[tuple[str, str, dict]]:
     ]
 
 
+def has_interval(row: dict) -> bool:
+    """Both ends present and finite (an end of exactly 0 counts)."""
+    return all(row.get(end) is not None and math.isfinite(row[end]) for end in ("lo", "hi"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("claims", type=Path, help="a reproduction's claims.json")
     args = parser.parse_args()
     rows = deciding_rows(json.loads(args.claims.read_text()))
-    with_interval = [(c, s, r) for c, s, r in rows if all(math.isfinite(r.get(k) or math.nan) for k in ("lo", "hi"))]
+    with_interval = [(c, s, r) for c, s, r in rows if has_interval(r)]
+    without = [(c, s, r) for c, s, r in rows if not has_interval(r)]
     ratios = np.array([(r["hi"] - r["lo"]) / abs(r["value"]) for _, _, r in with_interval if r["value"] != 0])
     points = [(c, s, r["evidence"]) for c, s, r in with_interval if r["hi"] == r["lo"]]
     print(f"{args.claims}: {len(rows)} deciding rows, {len(with_interval)} with an interval")
@@ -44,9 +50,8 @@ def main() -> None:
     print(f"intervals collapsed to a point: {len(points)}")
     for claim, sample, evidence in points:
         print(f"  {claim} {sample}: {evidence}")
-    for claim, sample, row in rows:
-        if (claim, sample, row) not in with_interval:
-            print(f"  no interval: {claim} {sample}: {row['evidence']}")
+    for claim, sample, row in without:
+        print(f"  no interval: {claim} {sample}: {row['evidence']}")
 
 
 if __name__ == "__main__":
