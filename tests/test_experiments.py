@@ -485,6 +485,8 @@ STRADDLING = row("straddling", _estimate(0.05, 0.02), 0.05, "above", "nats")
             "inconclusive",
             ["straddling", "s2"],
         ),  # unclear rows in the claim's order; a reported row never decides
+        # no row decides (every unit untestable): not vacuously consistent, and nothing to show as deciding
+        ([{**FAR, "deciding": False}, {**CLOSED_FACT, "deciding": False}], "inconclusive", []),
     ],
 )
 def test_the_rows_that_decided_a_verdict(rows: list[dict[str, Any]], verdict: str, decided: list[str]) -> None:
@@ -678,7 +680,7 @@ YES, NO, OPEN_Q = "consistent", "not consistent", "inconclusive"
         (CONTENT_ONLY, {"a": NO, "b": YES}),
         (OUTDONE, {"a": NO, "b": NO}),
         (UNCLEAR, {"a": OPEN_Q, "b": OPEN_Q}),
-        ({}, {"a": OPEN_Q, "b": OPEN_Q}),  # no sink head: cannot be tested
+        ({}, {"a": "untestable", "b": "untestable"}),  # no sink head: cannot test either question
     ],
 )
 def test_a_c3_unit_answers_each_question_from_its_own_runs(changes: dict[str, Estimate], verdicts: dict) -> None:
@@ -711,7 +713,10 @@ def test_a_c3_unit_answers_each_question_from_its_own_runs(changes: dict[str, Es
         (CLOSED, [CONTENT_ONLY, OUTDONE, BOTH], NO, {"a": NO, "b": OPEN_Q}),  # a majority against (a)
         (CLOSED, [CONTENT_ONLY, OUTDONE, BOTH, BOTH], OPEN_Q, {"a": OPEN_Q, "b": OPEN_Q}),  # half is not more
         (CLOSED, [BOTH, UNCLEAR, BOTH], OPEN_Q, {"a": OPEN_Q, "b": OPEN_Q}),
-        (CLOSED, [BOTH, {}, BOTH], OPEN_Q, {"a": OPEN_Q, "b": OPEN_Q}),  # a unit that cannot be tested
+        # a unit that cannot test (no sink heads) is left out: the claim is judged on those that can, either way
+        (CLOSED, [BOTH, {}, BOTH], YES, {"a": YES, "b": YES}),
+        (CLOSED, [CONTENT_ONLY, {}, {}], NO, {"a": NO, "b": YES}),
+        (CLOSED, [{}, {}], OPEN_Q, {"a": OPEN_Q, "b": OPEN_Q}),  # no unit can test: never vacuously consistent
     ],
 )
 def test_claim_c3_verdicts(closed: dict[str, float], units: list[dict], verdict: str, questions: dict) -> None:
@@ -727,6 +732,7 @@ def test_claim_c3_verdicts(closed: dict[str, float], units: list[dict], verdict:
     assert {e.split(":")[0] for e in evidence["evidence"]} - {"closed system"} == set(rows)
     deciding = evidence.loc[evidence["deciding"], "evidence"]
     assert all(e.startswith("closed system") or ": (a) " in e for e in deciding)
+    assert not deciding.str.contains("untestable").any()
     assert evidence["evidence"].str.contains(": \\(b\\) ").any()
 
 

@@ -54,7 +54,9 @@ C3_CRITERION = (
     f"{MIN_SINK_LOWERING:g}% (95% interval below −{MIN_SINK_LOWERING:g}%) and by more than the same edit of each "
     f"control (paired difference, interval below 0); not consistent where the interval lies above "
     f"−{MIN_SINK_LOWERING:g}% or a control lowers it more. A question over the units: consistent when every unit "
-    "is; not consistent when more than half of the units are not; inconclusive otherwise. The claim: not "
+    "is; not consistent when more than half of the units are not; inconclusive otherwise; a unit without sink "
+    "heads cannot test either question and is left out, reported as untestable (with no unit left, inconclusive). "
+    "The claim: not "
     "consistent if the closed system fails or question (a) is not consistent; consistent when the closed system "
     "holds and (a) is consistent; inconclusive otherwise. Question (b), whether the content of the trajectory "
     "matters, has its own verdict beside the claim's and does not enter it. The value ablation (zero, mean) with a "
@@ -64,18 +66,27 @@ C3_CRITERION = (
 UnitRows = Mapping[str, Mapping[str, list[dict[str, Any]]]]  # per unit label, its rows by question key
 
 
-def over_units(verdicts: Iterable[Verdict]) -> Verdict:
-    """A question's verdict from its units': consistent when every unit is, not consistent when more than half
-    are not, inconclusive otherwise."""
-    verdicts = list(verdicts)
-    if 2 * sum(v == "not consistent" for v in verdicts) > len(verdicts):
+UNTESTABLE = "untestable"  # a unit's verdict on a question it cannot test (no sink heads): it decides nothing
+
+
+def over_units(verdicts: Iterable[Verdict | str]) -> Verdict:
+    """A question's verdict from its units' (UNTESTABLE ones left out): consistent when every unit that can test
+    it is, not consistent when more than half of them are not, inconclusive otherwise, and when none can."""
+    tested = [v for v in verdicts if v != UNTESTABLE]
+    if 2 * sum(v == "not consistent" for v in tested) > len(tested):
         return "not consistent"
-    return "consistent" if all(v == "consistent" for v in verdicts) else "inconclusive"
+    return "consistent" if tested and all(v == "consistent" for v in tested) else "inconclusive"
 
 
-def question_verdicts(units: UnitRows) -> dict[str, dict[str, Verdict]]:
-    """Per unit label, each question's verdict from its rows alone (Holm's rule within the unit and question)."""
-    return {label: {q: judge(rows).verdict for q, rows in by_question.items()} for label, by_question in units.items()}
+def unit_verdict(rows: list[dict[str, Any]]) -> Verdict | str:
+    """One unit's verdict on one question from its rows alone (Holm's rule within them); UNTESTABLE where no row
+    decides."""
+    return judge(rows).verdict if any(r["deciding"] for r in rows) else UNTESTABLE
+
+
+def question_verdicts(units: UnitRows) -> dict[str, dict[str, Verdict | str]]:
+    """Per unit label, each question's verdict from its rows alone (`unit_verdict`)."""
+    return {label: {q: unit_verdict(rows) for q, rows in by_question.items()} for label, by_question in units.items()}
 
 
 def claim_c3(closed: Mapping[str, float], units: UnitRows) -> Judgement:
@@ -92,7 +103,7 @@ def claim_c3(closed: Mapping[str, float], units: UnitRows) -> Judgement:
         f"≤ {CLOSED_HOLDS:g}",
     )
     judged = {label: {q: judge(rows) for q, rows in by_question.items()} for label, by_question in units.items()}
-    deciding = over_units(by_question[CLAIM_QUESTION].verdict for by_question in judged.values())
+    deciding = over_units(verdicts[CLAIM_QUESTION] for verdicts in question_verdicts(units).values())
     verdict: Verdict
     if closed_row["says"] == "contradicts" or deciding == "not consistent":
         verdict = "not consistent"
@@ -150,6 +161,7 @@ class C3(ClaimModule):
         verdicts = question_verdicts({label: u.rows() for label, u in units.items()})
         return {
             "questions": {q.key: over_units(v[q.key] for v in verdicts.values()) for q in QUESTIONS},
+            "untestable": [label for label, u in units.items() if not u.runs],  # no sink heads: left out
             "units": {
                 label: {
                     "role": u.unit.role,

@@ -233,12 +233,16 @@ class UnitEvidence:
 
 def unit_rows(label: str, changes: Mapping[str, Estimate]) -> dict[str, list[dict[str, Any]]]:
     """A unit's evidence rows by question key, each named `LABEL: ...`, from the % change under each of its runs
-    by name (none: the unit has no sink head and cannot be tested). Per question, the edit of the sink heads and
+    by name (none: the unit has no sink head and cannot test either question: one row each, untestable, deciding
+    nothing). Per question, the edit of the sink heads and
     its difference from each control decide, the controls' own changes are reported; the value ablation and the
     position-0 patch are reported with (b), whose question of what is read at key 0 they widen."""
-    if not changes:
-        untestable = f"sink heads (α₀ > {SINK_THRESHOLD})"
-        return {q.key: [fact(f"{label}: ({q.key}) {untestable}", 0, False, False, "> 0 to test")] for q in QUESTIONS}
+    if not changes:  # reported, deciding nothing: the unit is left out of each question (c3.over_units)
+        untestable = f"untestable, no sink heads (α₀ > {SINK_THRESHOLD})"
+        return {
+            q.key: [{**fact(f"{label}: ({q.key}) {untestable}", 0, False, False, "> 0 to test"), "deciding": False}]
+            for q in QUESTIONS
+        }
     rows = {q.key: question_rows(label, q, changes) for q in QUESTIONS}
     if "ablate-sinks" in changes:
         rows["b"] += [

@@ -4,7 +4,8 @@ Each claim's criterion (c1.py … c6.py, written before any data were seen) name
 direction and a minimum size, and is judged on the bootstrap interval of each effect (evidence.py): a row of
 evidence *supports* the claim when its whole 95% interval lies beyond the threshold, *contradicts* it when the
 whole interval lies on the other side, and is *unclear* otherwise. A sample's verdict is "consistent" when every
-deciding row supports the claim, "not consistent" when any contradicts it, and "inconclusive" otherwise.
+deciding row supports the claim, "not consistent" when any contradicts it, and "inconclusive" otherwise, also
+when no row decides (a unit that cannot test the claim reports, untestable, and decides nothing).
 
 The family-wise rule (docs/method.md §13, `HOLM`): "any row contradicts" would find a contradiction somewhere in
 5–9 rows far more often than 2.5% of the time, so contradictions are counted under Holm's step-down rule over a
@@ -211,8 +212,11 @@ def judge(rows: list[dict[str, Any]]) -> Judgement:
     frame = pd.DataFrame(rows, columns=list(EVIDENCE_COLUMNS))
     frame["says"] = holm(frame)
     says = frame.loc[frame["deciding"], "says"]
+    # no deciding row (every unit untestable): nothing supports the claim, so it is not vacuously consistent
     verdict: Verdict = (
-        "consistent"
+        "inconclusive"
+        if says.empty
+        else "consistent"
         if (says == "supports").all()
         else "not consistent"
         if (says == "contradicts").any()
