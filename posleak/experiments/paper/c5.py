@@ -37,7 +37,7 @@ BOS_BAND = (PAPER_BOS_REMOVED - BOS_TOLERANCE, PAPER_BOS_REMOVED + BOS_TOLERANCE
 DECIDING = "mean"
 WHOLE = "resid_early"
 # the whole and its two parts by keys, each a column of the runs (docs/method.md §3), with the words rows use
-PARTS = {WHOLE: "all keys", f"{WHOLE}_key0": "the key-0 column", f"{WHOLE}_rest": "the other keys"}
+KEY_PARTS = {WHOLE: "all keys", f"{WHOLE}_key0": "the key-0 column", f"{WHOLE}_rest": "the other keys"}
 LOSS_BUCKETS = ("early", "all")  # the behaviour table's queries 4–31 (nearest C5's 1–31) and every query
 
 C5_CRITERION = (
@@ -55,7 +55,7 @@ C5_CRITERION = (
 @dataclass(frozen=True)
 class Replacement:
     """One BOS replacement against its baseline on the same sequences (paired resamples), per part of the early
-    residual-stream component (PARTS): its magnitude in each run (nats, the mean over layers) and the % of the
+    residual-stream component (KEY_PARTS): its magnitude in each run (nats, the mean over layers) and the % of the
     baseline's resid_early² it removes through that part (`share_removed`; the parts' add to the whole's)."""
 
     baseline: dict[str, Estimate]
@@ -70,15 +70,15 @@ class Replacement:
 def replacement(baseline: AnalysisResult, replaced: AnalysisResult) -> Replacement:
     """The early residual-stream component and its parts, before and after one replacement."""
     return Replacement(
-        baseline={part: layer_mean(baseline, part) for part in PARTS},
-        replaced={part: layer_mean(replaced, part) for part in PARTS},
-        removed={part: share_removed(baseline, replaced, part, WHOLE) for part in PARTS},
+        baseline={part: layer_mean(baseline, part) for part in KEY_PARTS},
+        replaced={part: layer_mean(replaced, part) for part in KEY_PARTS},
+        removed={part: share_removed(baseline, replaced, part, WHOLE) for part in KEY_PARTS},
     )
 
 
 def removed_name(kind: str, part: str = WHOLE) -> str:
     """The evidence row of the % of resid_early² that `kind` removes through `part`."""
-    through = "" if part == WHOLE else f" through {PARTS[part]}"
+    through = "" if part == WHOLE else f" through {KEY_PARTS[part]}"
     return f"{kind}: removed{through} (% of resid_early²)"
 
 
@@ -92,9 +92,9 @@ def claim_c5(replacements: Mapping[str, Replacement]) -> Judgement:
     rows = []
     for kind, effect in replacements.items():
         rows.append(_band_row(removed_name(kind), effect.removed[WHOLE], deciding=kind == DECIDING))
-        parts = [part for part in PARTS if part != WHOLE]
+        parts = [part for part in KEY_PARTS if part != WHOLE]
         rows += [row(removed_name(kind, part), effect.removed[part], 0.0, "above", "%", False) for part in parts]
-        rows += [row(change_name(kind, part), effect.change(part), 0.0, "below", "nats", False) for part in PARTS]
+        rows += [row(change_name(kind, part), effect.change(part), 0.0, "below", "nats", False) for part in KEY_PARTS]
     return judge(rows)
 
 
@@ -136,7 +136,7 @@ def loss_change(baseline: AnalysisResult, replaced: AnalysisResult, resamples: i
 
 
 def effect_table(replacements: Mapping[str, Replacement], losses: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
-    """One row per replacement and part (PARTS): its magnitude before and after (nats), their difference with its
+    """One row per replacement and part (KEY_PARTS): its magnitude before and after (nats), their difference with its
     interval, the % of resid_early² removed through it, and the replacement's change of loss beside. Not the % of
     the part's own square: the other keys' can be near 0 in the baseline (gemma3-270m's, 0.02–0.06 nats²), and a
     ratio to it has no bound."""
@@ -147,7 +147,7 @@ def effect_table(replacements: Mapping[str, Replacement], losses: Mapping[str, p
             for bucket in LOSS_BUCKETS
             for end, column in (("nats", "change"), ("lo", "change_lo"), ("hi", "change_hi"))
         }
-        for part in PARTS:
+        for part in KEY_PARTS:
             rows.append(
                 {
                     "replacement": kind,
