@@ -233,9 +233,9 @@ class C5(ClaimModule):
         def said(kind: str) -> str:
             loss = self.losses[SHOWN][kind].loc["all"]
             return (
-                f"{quote(judgement, removed_name(kind))} ({quote(judgement, removed_name(kind, f'{WHOLE}_key0'))} "
-                f"through the key-0 column, {quote(judgement, removed_name(kind, f'{WHOLE}_rest'))} through the "
-                f"other keys), at {loss.change:+.3g} nats of next-token loss ({loss.change_lo:+.3g} to "
+                f"{quote(judgement, removed_name(kind))}: {quote(judgement, removed_name(kind, f'{WHOLE}_key0'))} "
+                f"through the key-0 column and {quote(judgement, removed_name(kind, f'{WHOLE}_rest'))} through the "
+                f"other keys, at {loss.change:+.3g} nats of next-token loss ({loss.change_lo:+.3g} to "
                 f"{loss.change_hi:+.3g})"
             )
 
@@ -248,6 +248,6 @@ class C5(ClaimModule):
 
     def figures(self, runs: SampleRuns) -> list[Path]:
         removed = {kind: removed_by_layer(runs.bos_baseline, new) for kind, new in runs.bos.items()}
-        title = f"Early residual-stream component removed by BOS replacement ({runs.roles['bos'].name}, sample {SHOWN})"
+        title = f"resid_early² removed by BOS replacement ({runs.roles['bos'].name}, sample {SHOWN})"
         path = self.repro.out.figure_path("c5_removed")
         return [figures.lines_by_run(removed, "removed", path, title=title, ylabel="removed (% of resid_early²)")]
