@@ -22,7 +22,7 @@ from posleak.experiments.evidence import (
     sequence_mean,
 )
 from posleak.experiments.paper import QUICK, render
-from posleak.experiments.paper.c5 import claim_c5
+from posleak.experiments.paper.c5 import KEY_PARTS, Replacement, claim_c5
 from posleak.experiments.paper.corpora import side_by_side
 from posleak.experiments.paper.effects import POOLED, PROJECTION_NOTE, add_effects
 from posleak.experiments.paper.report import write_top
@@ -183,12 +183,14 @@ def test_a_sample_that_disagrees_is_shown_beside_the_pooled_row_and_a_decided_cl
 
 
 def test_a_band_is_pooled_and_projected_against_both_ends() -> None:
-    """C5's row, judged against the band 20–60%: removed 25% ± 10 (15 to 35), 8 + 8 documents, lies inside and
-    meets the low end first: 16·(10/5)² = 64 documents; outside, at 70% ± 20, the high end decides a
+    """C5's row, judged against the band 20–60%: removed 25% of resid_early² ± 10 (15 to 35), 8 + 8 documents,
+    lies inside and meets the low end first: 16·(10/5)² = 64 documents; outside, at 70% ± 20, the high end decides a
     contradiction at 16·(20/10)² = 64."""
     for removed, would in ((25.0, "supports"), (70.0, "contradicts")):
-        change = _exact(-removed, 2 * (removed - 20) if removed < 60 else 20.0, 8)
-        judged = claim_c5({"mean": change})
+        share = _exact(removed, 2 * (removed - 20) if removed < 60 else 20.0, 8)
+        nats = _exact(1.0, 0.1, 8)  # the parts and changes only report: not pooled, not projected
+        effect = Replacement({p: nats for p in KEY_PARTS}, {p: nats for p in KEY_PARTS}, {p: share for p in KEY_PARTS})
+        judged = claim_c5({"mean": effect})
         claim = _judged({"A": judged, "B": judged}, "C5")
         add_effects([claim])
         [e] = claim.pooled

@@ -5,10 +5,11 @@ An analysis run keeps, per bootstrap resample and layer, the mean over heads of 
 baseline and an intervention, or two lab models evaluated on the same rows) draw them identically and
 their resamples pair; runs on different sequences are independent, and pairing their k-th resamples is
 then a draw of the two independent bootstraps together. From those tables: the mean over layers of a
-magnitude, the percent change between two runs, the slope against relative depth, and differences and
-averages of these; and, for a quantity measured outside an analysis run (C6's probe), its mean over sequences,
-resampled over sequences. Each is a point value, its resamples and a percentile interval (docs/method.md §6), and
-the number of units (documents) its resamples draw, where they draw documents.
+magnitude and of its square, the percent change between two runs, the share of a squared magnitude that an
+intervention removes, the slope against relative depth, and differences and averages of these; and, for a
+quantity measured outside an analysis run (C6's probe), its mean over sequences, resampled over sequences.
+Each is a point value, its resamples and a percentile interval (docs/method.md §6), and the number of units
+(documents) its resamples draw, where they draw documents.
 
 Two estimates of one quantity on disjoint samples (`posleak paper`'s A and B) pool into one (`pooled`), whose
 interval comes from both samples' documents; and an estimate that its interval leaves undecided projects how many
@@ -187,6 +188,26 @@ def percent_change(
     base, new = layer_mean(baseline, measure, layers), layer_mean(intervened, measure, layers)
     b, n = _pair(base, new)
     return Estimate(100 * (new.value / base.value - 1), 100 * (n / b - 1), _fewer(base, new))
+
+
+def mean_square(result: AnalysisResult, measure: str, layers: Sequence[int] | None = None) -> Estimate:
+    """The mean over layers of a magnitude's signed square v·|v| (nats²). A layer's value is the signed root of the
+    mean over its heads of the (signed) squares (docs/method.md §3), so this is the mean over layers of each
+    layer's mean square: parts whose squares add per head (resid² = key0² + rest²) add here too, which the mean
+    of the roots (`layer_mean`) does not."""
+    point, boot = _layers(result, measure, layers)
+    return Estimate(float((point * point.abs()).mean()), (boot * boot.abs()).mean(1), _units(result))
+
+
+def share_removed(
+    baseline: AnalysisResult, intervened: AnalysisResult, part: str, whole: str, layers: Sequence[int] | None = None
+) -> Estimate:
+    """100·(part²(baseline) − part²(intervened)) / whole²(baseline), the squares `mean_square`'s: the % of the
+    baseline's squared `whole` that the intervention removes through `part` (negative where it adds). The shares of
+    parts whose squares add to the whole's add to the whole's own. Paired resample by resample."""
+    base, new, total = (mean_square(r, m, layers) for r, m in ((baseline, part), (intervened, part), (baseline, whole)))
+    b, n = _pair(base, new)
+    return Estimate(100 * (base.value - new.value) / total.value, 100 * (b - n) / total.samples, _fewer(base, new))
 
 
 def depth_slope(result: AnalysisResult, measure: str) -> Estimate:
