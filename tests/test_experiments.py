@@ -33,9 +33,10 @@ from posleak.experiments.paper.c1 import claim_c1
 from posleak.experiments.paper.c2 import claim_c2
 from posleak.experiments.paper.c3 import claim_c3, over_units, question_verdicts
 from posleak.experiments.paper.c3_units import (
+    CLOCK,
     head_list,
     heads_by_layer,
-    layer_matched_controls,
+    matched_controls,
     sink_heads,
     unit_rows,
 )
@@ -1001,21 +1002,28 @@ def test_sink_heads_and_their_controls(logits: dict[tuple[int, int], float], exp
     np.testing.assert_allclose(
         chosen["sink_score"], [float(analytic[layer, head]) for layer, head in expected], atol=1e-6
     )
-    draws = [layer_matched_controls(per_head, chosen, draw) for draw in range(3)]
+    draws = [matched_controls(per_head, chosen, draw) for draw in range(3)]
     last = per_head["layer"].max()
     for heads in draws:
         pairs = set(zip(heads["layer"], heads["head"], strict=True))
         assert len(pairs) == len(expected) and not pairs & set(expected) and (heads["layer"] < last).all()
         assert (heads["sink_score"] <= 0.3).all()
         assert sorted(heads["layer"]) == sorted(chosen["layer"])  # each layer has non-sink heads to spare
-    assert head_list(layer_matched_controls(per_head, chosen, 1)) == head_list(draws[1])
+    assert head_list(matched_controls(per_head, chosen, 1)) == head_list(draws[1])
 
 
 def _scores(sinks: dict[int, list[int]], layers: int, heads: int) -> pd.DataFrame:
-    """A per-head table: the heads listed per layer are sink heads (α₀ 0.9), every other head 0.1."""
+    """A per-head table: the heads listed per layer are sink heads (α₀ 0.9), every other head 0.1; each head's
+    clock (resid_all_key0) a distinct value, larger for sink heads."""
+    rng = np.random.default_rng(7)
     return pd.DataFrame(
         [
-            {"layer": layer, "head": head, "sink_score": 0.9 if head in sinks.get(layer, []) else 0.1}
+            {
+                "layer": layer,
+                "head": head,
+                "sink_score": 0.9 if head in sinks.get(layer, []) else 0.1,
+                CLOCK: (1.0 if head in sinks.get(layer, []) else 0.0) + float(rng.uniform(0.0, 0.9)),
+            }
             for layer in range(layers)
             for head in range(heads)
         ]
@@ -1026,30 +1034,42 @@ def _pairs(heads: pd.DataFrame) -> list[tuple[int, int]]:
     return list(zip(heads["layer"], heads["head"], strict=True))
 
 
-def test_layer_matched_controls() -> None:
+def test_matched_controls() -> None:
     """C3's controls: per draw, as many non-sink heads in each layer as it has sink heads, never a sink head nor
-    one of the last layer, drawn at random by the draw's seed (the same seed, the same heads). Where a layer has
-    too few non-sink heads the rest come from the nearest layers with some left; where the model has fewer
-    non-sink heads than sink heads, all of them."""
+    one of the last layer, each matched on its clock (resid_all_key0). Against a brute force: draw 0 is, layer by
+    layer, the non-sink heads whose clocks are nearest the sink heads', taken largest sink clock first; each later
+    draw the same among the heads the earlier draws left, so the draws are disjoint while a layer has heads to
+    spare. Where a layer has too few non-sink heads the rest come from the nearest layers with some left; where
+    the model has fewer non-sink heads than sink heads, all of them."""
     per_head = _scores({0: [0, 1], 2: [5], 3: [2, 3, 4], 5: [0]}, layers=6, heads=8)  # layer 5 is the last
     sinks = sink_heads(per_head)
-    draws = [layer_matched_controls(per_head, sinks, draw) for draw in range(5)]
+    clock = per_head.set_index(["layer", "head"])[CLOCK]
+    draws = [matched_controls(per_head, sinks, draw) for draw in range(2)]
+    used: set[tuple[int, int]] = set()
     for heads in draws:
         assert sorted(heads["layer"]) == sorted(sinks["layer"]) == [0, 0, 2, 3, 3, 3]
         assert not set(_pairs(heads)) & set(_pairs(sinks)) and (heads["sink_score"] <= 0.3).all()
         assert len(set(_pairs(heads))) == len(heads)
-    assert head_list(layer_matched_controls(per_head, sinks, 3)) == head_list(draws[3])
-    assert len({head_list(heads) for heads in draws}) > 1
+        expected: set[tuple[int, int]] = set()  # the brute force: greedy by sink clock over the heads left
+        for _, sink in sinks.sort_values(CLOCK, ascending=False).iterrows():
+            layer = [pair for pair in clock.index if pair[0] == sink["layer"] and pair not in set(_pairs(sinks))]
+            free = [pair for pair in layer if pair not in used | expected]  # the earlier draws' heads left out
+            free = free or [pair for pair in layer if pair not in expected]  # unless the layer has none to spare
+            expected.add(min(free, key=lambda pair: abs(clock[pair] - sink[CLOCK])))
+        assert set(_pairs(heads)) == expected
+        used |= expected
+    assert len(set(_pairs(draws[0])) & set(_pairs(draws[1]))) == 1  # layer 3: 5 non-sink heads for 2 × 3
+    assert head_list(matched_controls(per_head, sinks, 1)) == head_list(draws[1])
 
     # layer 1 all sink heads: its four controls come from layers 0 and 2, the nearest; the last layer gives none
     short = _scores({1: [0, 1, 2, 3], 2: [0], 3: [1]}, layers=4, heads=4)
     for draw in range(5):
-        heads = layer_matched_controls(short, sink_heads(short), draw)
+        heads = matched_controls(short, sink_heads(short), draw)
         assert len(heads) == 5 and set(heads["layer"]) <= {0, 2} and len(set(_pairs(heads))) == 5
         assert (heads["sink_score"] <= 0.3).all()
     # fewer non-sink heads (outside the last layer) than sink heads: every one of them
     few = _scores({0: [0, 1, 2], 1: [0, 1, 2]}, layers=3, heads=4)
-    assert _pairs(layer_matched_controls(few, sink_heads(few), 0)) == [(0, 3), (1, 3)]
+    assert _pairs(matched_controls(few, sink_heads(few), 0)) == [(0, 3), (1, 3)]
 
 
 def test_models_by_role_keep_the_built_in_folders_and_name_others_after_their_spec(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """C3: position 0 is a closed system; later queries read its trajectory through sink-reading heads.
 
 Judged on every model of C3's roles in each BOS setting its tokenizer allows (the units of c3_units.py), each with
-its sink heads and their layer-matched controls chosen on a selection sample that judges nothing, as two questions
+its sink heads and their matched controls chosen on a selection sample that judges nothing, as two questions
 (docs/method.md §13): (a) do the sink heads carry position to later queries (their clock removed), which with the
 closed system decides the claim; (b) does it matter which trajectory they read (their position-0 key and value
 patched from another token's), which is judged in its own right.
@@ -45,8 +45,9 @@ C3_CRITERION = (
     f"Position 0 is a closed system in every run (h_0 identical across inputs sharing its token: relative spread "
     f"≤ {_exponent(CLOSED_HOLDS)}; above {_exponent(CLOSED_FAILS)} it fails). Per unit (each model of the standard, "
     "large-base and sliding roles, with its BOS setting and, where the tokenizer allows, the other one), with its "
-    f"sink heads (α₀ > {SINK_THRESHOLD}) and, per control draw, as many non-sink heads of the same layers (of the "
-    "nearest where a layer has too few), chosen on a selection sample disjoint from the judging ones, two "
+    f"sink heads (α₀ > {SINK_THRESHOLD}) and, per control draw, for each sink head a non-sink head of the same "
+    "layer (of the nearest where a layer has too few) matched on its clock (the key-0 column of w, "
+    "resid_all_key0, nearest the sink head's), chosen on a selection sample disjoint from the judging ones, two "
     "questions, each judged alone: (a) the clock removal of "
     "the sink heads (each head's weight on key 0 held at its mean over queries, the rest renormalised) and (b) the "
     f"position-0 key and value of the sink heads taken from the trajectory of {PATCH_SOURCE!r} each lower the mean "
@@ -131,7 +132,8 @@ class C3(ClaimModule):
     method = (
         "h_0^(l) compared across inputs sharing the token at position 0, in every run. Per unit (a model of the "
         "standard, large-base or sliding role in one BOS setting): its sink heads, and per control draw as many "
-        "non-sink heads of the same layers, chosen on a baseline of the unit on a third sample of sequences, "
+        "non-sink heads of the same layers matched on their clock (resid_all_key0), chosen on a baseline of the "
+        "unit on a third sample of sequences, "
         "disjoint from A and B. (a) In the sink heads, and in each control, the weight that each query i ≥ 1 gives "
         "key 0 held at its mean over the queries, the other keys' weights renormalised (the clock removed); (b) the "
         f"key and value at key 0 that those heads show their queries i ≥ 1 replaced by those of {PATCH_SOURCE!r}'s "

@@ -1,11 +1,11 @@
 """C3's units (docs/method.md §13): each model of C3's roles in each BOS setting its tokenizer allows, the heads
 each unit's runs edit, the runs themselves, and their evidence on C3's two questions (`QUESTIONS`).
 
-Every unit chooses its sink heads and their layer-matched controls on a baseline of its own on the selection
-sample (posleak.experiments.paper.reproduction.SELECTION), disjoint from the samples A and B that judge them. On A
-and B, a unit in its role's own BOS setting reads the shared baseline and runs every C3 intervention; a unit in
-the other setting runs a baseline of its own and the deciding runs only (the clock removal and the path-specific
-patch, each of the sink heads and of each control).
+Every unit chooses its sink heads and their matched controls (`matched_controls`) on a baseline of its own on
+the selection sample (posleak.experiments.paper.reproduction.SELECTION), disjoint from the samples A and B that
+judge them. On A and B, a unit in its role's own BOS setting reads the shared baseline and runs every C3
+intervention; a unit in the other setting runs a baseline of its own and the deciding runs only (the clock
+removal and the path-specific patch, each of the sink heads and of each control).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
-import torch
 
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.data.kinds import BosPolicy
@@ -109,19 +108,40 @@ def sink_heads(per_head: pd.DataFrame) -> pd.DataFrame:
     return heads.sort_values("sink_score", ascending=False).reset_index(drop=True)
 
 
-def layer_matched_controls(per_head: pd.DataFrame, sinks: pd.DataFrame, draw: int) -> pd.DataFrame:
-    """For each sink head a non-sink head outside the last layer, drawn at random (seed `draw`): in each layer as
-    many as it has sink heads, from that layer. Where a layer has too few non-sink heads, the rest come from the
-    nearest layers with some left (ties at random), so that the control edits as many heads at a depth as near as
-    there is; all non-sink heads where there are fewer of them than sink heads."""
+CLOCK = "resid_all_key0"  # a head's clock: what of its w the column of key 0 holds, which the clock removal takes away
+
+
+def matched_controls(per_head: pd.DataFrame, sinks: pd.DataFrame, draw: int) -> pd.DataFrame:
+    """For each sink head a non-sink head outside the last layer, matched on what the clock removal takes away:
+    from the sink head's layer, the non-sink head whose clock (`CLOCK`, its key-0 column of w on the selection
+    sample) is nearest the sink head's. Draw k takes its heads from those that draws 0..k−1 left, where the layer
+    has some (so the draws differ and draw 0 is the best match); where a layer has too few, the rest come from the
+    nearest layers with some left (ties by clock, then head); all non-sink heads where there are fewer of them
+    than sink heads. Sink heads are matched strongest clock first, so the largest clocks get the nearest match."""
     pool = per_head[(per_head["sink_score"] <= SINK_THRESHOLD) & (per_head["layer"] < per_head["layer"].max())]
-    rank = pd.Series(torch.randperm(len(pool), generator=torch.Generator().manual_seed(draw)).numpy(), pool.index)
+    earlier = {i for k in range(draw) for i in _matched(pool, sinks, set())}
+    return pool.loc[_matched(pool, sinks, earlier)].sort_values(["layer", "head"]).reset_index(drop=True)
+
+
+def _matched(pool: pd.DataFrame, sinks: pd.DataFrame, earlier: set[int]) -> list[int]:
+    """The index in `pool` of each sink head's control (`matched_controls`), avoiding `earlier` where it can."""
+    clock = pool[CLOCK].fillna(0.0)  # sigmoid attention has no key-0 split: then by layer and head alone
     chosen: list[int] = []
-    for layer, count in sinks["layer"].value_counts().sort_index().items():
+    for _, sink in sinks.sort_values(CLOCK, ascending=False, na_position="last").iterrows():
         left = pool.drop(chosen)
-        order = pd.DataFrame({"distance": (left["layer"] - layer).abs(), "rank": rank[left.index]})
-        chosen += list(order.sort_values(["distance", "rank"]).index[:count])
-    return pool.loc[chosen].sort_values(["layer", "head"]).reset_index(drop=True)
+        if left.empty:
+            break
+        fresh = left.drop([i for i in earlier if i in left.index])
+        left = fresh if (fresh["layer"] == sink["layer"]).any() else left
+        order = pd.DataFrame(
+            {
+                "distance": (left["layer"] - sink["layer"]).abs(),
+                "gap": (clock[left.index] - (0.0 if pd.isna(sink[CLOCK]) else sink[CLOCK])).abs(),
+                "head": left["head"],
+            }
+        )
+        chosen.append(order.sort_values(["distance", "gap", "head"]).index[0])
+    return chosen
 
 
 def head_list(heads: pd.DataFrame) -> str:
@@ -139,7 +159,7 @@ def heads_by_layer(heads: pd.DataFrame) -> str:
 
 @dataclass
 class Design:
-    """A unit's heads, chosen on its selection sample: its sink heads, the layer-matched controls of each draw,
+    """A unit's heads, chosen on its selection sample: its sink heads, the matched controls of each draw,
     the layers after the first sink head."""
 
     sinks: pd.DataFrame
@@ -152,7 +172,7 @@ class Design:
         if sinks.empty:  # untestable: no runs, and the unit is inconclusive
             return cls(sinks, [], [])
         later = sorted(layer for layer in selection.per_layer["layer"] if layer > sinks["layer"].min())
-        return cls(sinks, [layer_matched_controls(selection.per_head, sinks, d) for d in range(draws)], later)
+        return cls(sinks, [matched_controls(selection.per_head, sinks, d) for d in range(draws)], later)
 
     def interventions(self, reported: bool) -> dict[str, tuple[Interventions, pd.DataFrame | None]]:
         """Each run by name with the heads it edits (None: every head): per question, RUN-sinks and RUN-control{k}

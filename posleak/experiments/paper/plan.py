@@ -80,7 +80,7 @@ class Plan:
     sliding_num_seqs: int
     large_base_num_seqs: int  # the large-base role's T is the standard one's
     ntk_factors: tuple[float, ...]
-    control_draws: int  # C3: draws of layer-matched non-sink heads, as many as there are sink heads (per unit)
+    control_draws: int  # C3: draws of matched non-sink heads, as many as there are sink heads (per unit)
     c3_both_bos: bool  # C3 also in each model's other BOS setting (--quick: its own only, for time)
     # C3's runs that are reported, not judged (value ablations, the whole position-0 patch) in each model's own BOS
     # setting (--quick leaves them out, for time: 3 to 4 runs per unit and sample)
