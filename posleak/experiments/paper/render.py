@@ -61,7 +61,7 @@ def read_claims(path: Path) -> list[Claim]:
 
 def _judgement(entry: dict[str, Any]) -> Judgement:
     """A sample's, or a part judged once's, judgement as claims.json keeps it. A part that could not test was
-    written "not testable"; it has no deciding row, so its verdict counts nowhere (`verdict.testable`) and reads
+    written "not testable"; it has no deciding row, so its verdict counts nowhere (`verdict.can_test`) and reads
     back inconclusive."""
     verdict = "inconclusive" if entry["verdict"] == "not testable" else entry["verdict"]
     return Judgement(verdict, pd.DataFrame(entry["evidence"]).fillna(float("nan")))
@@ -166,9 +166,8 @@ def results_page(claims: Sequence[Claim], source: Path, figures: Sequence[Path],
         "",
         f"Generated from [{source.name}]({source.relative_to('docs')}) by `posleak paper --render-docs`; do not edit. "
         "Each claim is judged on two disjoint samples (A and B) by the criterion written in its module before the "
-        "data (method.md §13); it is consistent, or not, only where both samples agree (and evidence judged once, C4's "
-        "lab, joins them where it can test)"
-        f"{_on_corpora(claims)}.",
+        "data (method.md §13); it is consistent, or not, only where both samples agree"
+        f"{_on_corpora(claims)}{_once_rule(claims)}.",
         "",
         verdict_table(claims),
     ]
@@ -193,6 +192,18 @@ def _on_corpora(claims: Sequence[Claim]) -> str:
         return ""
     named = ", ".join(corpora)
     return f"; it was judged on each of the corpora {named}, and is consistent, or not, only where every corpus is"
+
+
+def _once_rule(claims: Sequence[Claim]) -> str:
+    """How evidence judged once joins the samples' verdict (`verdict.with_once`), where a claim has any; else
+    nothing (older claims.json files judged nothing once)."""
+    named = [f"{claim.claim}'s {name}" for claim in claims for name in claim.once]
+    if not named:
+        return ""
+    return (
+        f"; evidence judged once rather than per sample ({', '.join(named)}) joins that verdict where it can test: "
+        "consistent only where all are, not consistent where any is"
+    )
 
 
 def render_docs(run: Path, root: Path) -> list[Path]:

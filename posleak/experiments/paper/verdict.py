@@ -194,23 +194,23 @@ def across_corpora(verdicts: Sequence[Verdict]) -> Verdict:
     return replicated(verdicts)
 
 
-def testable(judgement: Judgement) -> bool:
+def can_test(judgement: Judgement) -> bool:
     """Whether a part judged once can test the claim: it has a deciding row (an untestable line's rows report)."""
     return bool(judgement.evidence["deciding"].any())
 
 
 def once_verdict(judgement: Judgement) -> str:
     """A part judged once as the reports name it: its verdict, or "not testable" where it has no deciding row."""
-    return judgement.verdict if testable(judgement) else "not testable"
+    return judgement.verdict if can_test(judgement) else "not testable"
 
 
 def with_once(samples: Verdict, once: Mapping[str, Judgement]) -> Verdict:
     """A claim's verdict from its samples' (`samples`, replicated and across corpora) and the parts judged once:
-    consistent only where the samples and every part that can test (`testable`) are consistent, not consistent
+    consistent only where the samples and every part that can test (`can_test`) are consistent, not consistent
     where any of them is, inconclusive otherwise. A part that cannot test leaves the verdict. Why not `replicated`:
     the parts are different lines of evidence of one criterion, not replications of one, and within a sample a
     line that contradicts the claim already makes it not consistent."""
-    verdicts = [samples, *(j.verdict for j in once.values() if testable(j))]
+    verdicts = [samples, *(j.verdict for j in once.values() if can_test(j))]
     if all(v == "consistent" for v in verdicts):
         return "consistent"
     return "not consistent" if "not consistent" in verdicts else "inconclusive"
