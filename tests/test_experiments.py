@@ -919,8 +919,9 @@ def test_the_identity_probe_finds_a_first_token_that_only_the_sink_head_carries(
 @pytest.mark.slow
 def test_the_lab_line_of_c4_trains_one_decoder_three_ways_at_tiny_size(tmp_path: Path) -> None:
     """C4's controlled line at tiny size: the 8-layer lab decoder trained with full causal RoPE, a sliding window of
-    T/4 and an NTK-scaled base, 2 seeds each, every model analysed; the slopes the criterion judges equal numpy's
-    least squares on each run's own per-layer table; the criterion runs on them."""
+    T/4 and a large base, 2 seeds each, every model analysed, the RoPE ones again under NTK scaling at inference;
+    the slopes the criterion judges equal numpy's least squares on each run's own per-layer table; the lab's
+    criterion runs on them."""
     tiny = dict(lab_steps=8, lab_seq_len=16, lab_analyze_seqs=4, bootstrap=20, ntk_factors=(16.0,), lab_seeds=(0, 1))
     plan = replace(QUICK, **tiny)
     lab = lab_runs(Reproduction(tmp_path / "paper", plan, progress=False))
