@@ -14,7 +14,7 @@ import pandas as pd
 
 from posleak.commands.intervene import OVERALL, InterventionRun
 from posleak.experiments.evidence import layer_mean
-from posleak.experiments.paper.verdict import SAYS, Claim, quoted
+from posleak.experiments.paper.verdict import SAYS, Claim, once_verdict, quoted
 from posleak.measure import measured_magnitudes
 from posleak.pipeline import AnalysisResult
 
@@ -115,6 +115,7 @@ def claim_lines(claim: Claim, limit: int = 2) -> list[str]:
         deciding = judgement.evidence[judgement.evidence["deciding"]]
         agreeing = int((deciding["says"] == SAYS[judgement.verdict]).sum())
         counts.append(f"{sample} {judgement.verdict}: {agreeing} of {len(deciding)} {SAYS[judgement.verdict]}")
+    counts += [f"{name}, judged once: {once_verdict(judgement)}" for name, judgement in claim.once.items()]
     lines = [f"{claim.claim} {claim.verdict}: {claim.statement} [{'; '.join(counts)}]"]
     for name in claim.deciding(limit):
         values, thresholds = [], []

@@ -12,7 +12,9 @@ says so (corpora.py).
 
 Models by default (plan.py, by role): smollm2-135m (standard RoPE, θ = 1e5), gemma3-270m (5 sliding layers of W = 512 to
 one global; sequences longer than the window), qwen2.5-coder-0.5b (RoPE trained with θ = 1e6), smollm2-135m
-with NTK-aware scaling at inference, and, for C4's controlled line, a lab decoder of 8 layers trained three ways.
+with NTK-aware scaling at inference, and, for C4's controlled line (judged once, over its seeds), a lab decoder of 8
+layers trained with full causal RoPE, a sliding window and a large base, the RoPE one also under NTK scaling at
+inference.
 """
 
 from posleak.experiments.paper.models import paper_plan

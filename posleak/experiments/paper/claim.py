@@ -44,8 +44,12 @@ class ClaimModule(ABC):
     def judge(self, runs: SampleRuns, sample: str) -> Judgement:
         """The criterion applied to one sample."""
 
+    def once(self) -> dict[str, Judgement]:
+        """Evidence judged once for the whole claim, not per sample (C4's lab), by name (`Claim.once`)."""
+        return {}
+
     def numbers(self, sample: str) -> dict[str, Any]:
-        """Further numbers of one sample for claims.json."""
+        """Further numbers of one sample, or of one part judged once (`once`), for claims.json."""
         return {}
 
     def tables(self, runs: SampleRuns, sample: str) -> list[TableBlock]:

@@ -1,11 +1,11 @@
 """The reproduction on several corpora (`posleak paper --corpus NAME ...`; the full plan's stdlib and bible-web).
 
-Each corpus runs the whole reproduction with that corpus alone, into OUT/corpora/NAME/ (its own claims.json,
-report.html and run folders), except C4's lab line, which trains on its own data whatever the corpus and runs
-once, into OUT/lab, shared. OUT's claims.json then holds every claim once, with each corpus's samples side by
-side (`side_by_side`: samples "stdlib A", "stdlib B", "bible-web A", ...; `corpora` names each corpus's samples
-and provenance), and its verdict over the corpora by `verdict.across_corpora` (docs/method.md §13). A plan of one
-corpus keeps the layout of a plain run (everything in OUT, samples "A" and "B").
+Each corpus runs the whole reproduction with that corpus alone, into OUT/corpora/NAME/ (its own claims.json, report.html
+and run folders), except C4's lab line, which trains on its own data whatever the corpus and runs once, into OUT/lab,
+shared, and is judged once (`Claim.once`, taken from the first corpus). OUT's claims.json then holds every claim once,
+with each corpus's samples side by side (`side_by_side`: samples "stdlib A", "stdlib B", "bible-web A", ...; `corpora`
+names each corpus's samples and provenance), and its verdict over the corpora by `verdict.across_corpora`
+(docs/method.md §13). A plan of one corpus keeps the layout of a plain run (everything in OUT, samples "A" and "B").
 """
 
 from __future__ import annotations
@@ -62,11 +62,14 @@ def _joined(claims: Mapping[str, Claim]) -> Claim:
     first = next(iter(claims.values()))
     joined = Claim(first.claim, first.statement, first.criterion, {}, first.method, first.family_wise)
     joined.models = first.models  # the same models read every corpus
+    # the parts judged once (C4's lab) do not depend on the corpus: its models train on their own data, once
+    joined.once = first.once
+    joined.numbers = {name: first.numbers[name] for name in first.once if name in first.numbers}
     papers = []
     for corpus, claim in claims.items():
         names = {sample: f"{corpus} {sample}" for sample in claim.samples}
         joined.samples |= {names[s]: judgement for s, judgement in claim.samples.items()}
-        joined.numbers |= {names[s]: numbers for s, numbers in claim.numbers.items()}
+        joined.numbers |= {names[s]: numbers for s, numbers in claim.numbers.items() if s in names}
         documents = {f"{corpus} {s}": titles for s, titles in claim.corpora[corpus].get("documents", {}).items()}
         joined.corpora[corpus] = {**claim.corpora[corpus], "samples": list(names.values()), "documents": documents}
         joined.tables += [dataclasses.replace(t, title=f"{corpus}: {t.title}") for t in claim.tables]

@@ -15,6 +15,7 @@ import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -25,7 +26,7 @@ from posleak.experiments.paper.corpora import CORPORA
 from posleak.experiments.paper.effects import POOLED, POOLED_NOTE, PROJECTION_NOTE, pooled_table, projection_table
 from posleak.experiments.paper.plan import QUICK
 from posleak.experiments.paper.run import CLAIMS
-from posleak.experiments.paper.verdict import SAYS, Claim, Judgement, quoted
+from posleak.experiments.paper.verdict import SAYS, Claim, Judgement, once_verdict, quoted
 from posleak.store import atomic_write
 
 RESULTS = Path("docs") / "results"
@@ -44,18 +45,26 @@ def read_claims(path: Path) -> list[Claim]:
     claims = []
     for entry in json.loads(path.read_text()):
         module = modules[entry["claim"]]
-        samples = {
-            name: Judgement(sample["verdict"], pd.DataFrame(sample["evidence"]).fillna(float("nan")))
-            for name, sample in entry["samples"].items()
-        }
+        samples = {name: _judgement(sample) for name, sample in entry["samples"].items()}
         # older claims.json files name no family-wise rule, nor corpora
         family_wise = entry.get("family_wise", "")
         claim = Claim(entry["claim"], module.statement, entry["criterion"], samples, "", family_wise)
         claim.corpora = entry.get("corpora", {})
         # older files have no effect sizes, and their pages none
         claim.pooled, claim.projection = entry.get("pooled", []), entry.get("projection", [])
+        # older files judge nothing once (C4's lab stood in every sample)
+        claim.once = {name: _judgement(part) for name, part in entry.get("once", {}).items()}
+        claim.numbers = entry.get("numbers", {})
         claims.append(claim)
     return claims
+
+
+def _judgement(entry: dict[str, Any]) -> Judgement:
+    """A sample's, or a part judged once's, judgement as claims.json keeps it. A part that could not test was
+    written "not testable"; it has no deciding row, so its verdict counts nowhere (`verdict.can_test`) and reads
+    back inconclusive."""
+    verdict = "inconclusive" if entry["verdict"] == "not testable" else entry["verdict"]
+    return Judgement(verdict, pd.DataFrame(entry["evidence"]).fillna(float("nan")))
 
 
 def _rows(claim: Claim, names: Sequence[str]) -> str:
@@ -77,10 +86,16 @@ def verdict_table(claims: Sequence[Claim]) -> str:
     """One row per claim: the verdict, each sample's, and the one or two rows that decided it in both samples."""
     lines = ["| claim | verdict | samples | what decided it |", "|---|---|---|---|"]
     for claim in claims:
-        samples = ", ".join(f"{name} {j.verdict}" for name, j in claim.samples.items())
         verdict = f"**{claim.verdict}**{_per_corpus(claim)}"
-        lines.append(f"| {claim.claim}: {claim.statement} | {verdict} | {samples} | {_rows(claim, claim.deciding())} |")
+        row = f"| {claim.claim}: {claim.statement} | {verdict} | {_parts(claim)} | {_rows(claim, claim.deciding())} |"
+        lines.append(row)
     return "\n".join(lines)
+
+
+def _parts(claim: Claim) -> str:
+    """Each sample's verdict, then each part judged once with its own ("lab, judged once: not testable")."""
+    samples = [f"{name} {j.verdict}" for name, j in claim.samples.items()]
+    return ", ".join(samples + [f"{name}, judged once: {once_verdict(j)}" for name, j in claim.once.items()])
 
 
 def _per_corpus(claim: Claim) -> str:
@@ -152,18 +167,19 @@ def results_page(claims: Sequence[Claim], source: Path, figures: Sequence[Path],
         f"Generated from [{source.name}]({source.relative_to('docs')}) by `posleak paper --render-docs`; do not edit. "
         "Each claim is judged on two disjoint samples (A and B) by the criterion written in its module before the "
         "data (method.md §13); it is consistent, or not, only where both samples agree"
-        f"{_on_corpora(claims)}.",
+        f"{_on_corpora(claims)}{_once_rule(claims)}.",
         "",
         verdict_table(claims),
     ]
     for claim in claims:
         out += ["", f"## {claim.claim}: {claim.statement}", "", f"**Criterion.** {claim.criterion}", ""]
         out += [f"**Family-wise rule.** {claim.family_wise}.", ""] if claim.family_wise else []
-        samples = ", ".join(f"{s} {j.verdict}" for s, j in claim.samples.items())
-        out += [f"**Verdict: {claim.verdict}**{_per_corpus(claim)} ({samples})."]
+        out += [f"**Verdict: {claim.verdict}**{_per_corpus(claim)} ({_parts(claim)})."]
         out += _effects(claim)
         for name, judgement in claim.samples.items():
             out += ["", f"Sample {name}:", "", _evidence(judgement)]
+        for name, judgement in claim.once.items():
+            out += ["", f"Judged once, {name} ({once_verdict(judgement)}):", "", _evidence(judgement)]
         for figure in (f for f in figures if f.name.startswith(f"{claim.claim.lower()}_")):
             out += ["", f"![{figure.stem}]({figure.relative_to('docs')})"]
     return "\n".join(out) + "\n"
@@ -176,6 +192,18 @@ def _on_corpora(claims: Sequence[Claim]) -> str:
         return ""
     named = ", ".join(corpora)
     return f"; it was judged on each of the corpora {named}, and is consistent, or not, only where every corpus is"
+
+
+def _once_rule(claims: Sequence[Claim]) -> str:
+    """How evidence judged once joins the samples' verdict (`verdict.with_once`), where a claim has any; else
+    nothing (older claims.json files judged nothing once)."""
+    named = [f"{claim.claim}'s {name}" for claim in claims for name in claim.once]
+    if not named:
+        return ""
+    return (
+        f"; evidence judged once rather than per sample ({', '.join(named)}) joins that verdict where it can test: "
+        "consistent only where all are, not consistent where any is"
+    )
 
 
 def render_docs(run: Path, root: Path) -> list[Path]:

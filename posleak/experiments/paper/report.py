@@ -11,7 +11,7 @@ import pandas as pd
 from posleak.experiments.paper.effects import POOLED, POOLED_NOTE, PROJECTION_NOTE, pooled_table, projection_table
 from posleak.experiments.paper.plan import ROLE_NAMES, Plan
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
-from posleak.experiments.paper.verdict import Claim, Judgement
+from posleak.experiments.paper.verdict import Claim, Judgement, once_verdict
 from posleak.report.html import Section, TableBlock, render_report
 from posleak.store import RunFolder, write_json
 
@@ -35,7 +35,8 @@ def evidence_table(judgement: Judgement) -> pd.DataFrame:
 
 def section(claim: Claim, provisional: str) -> Section:
     """A claim's section of report.html: what was measured, the criterion, the paper's effect, the verdict."""
-    verdicts = "; ".join(f"sample {s}: {j.verdict}" for s, j in claim.samples.items())
+    once = [f"{name}, judged once: {once_verdict(j)}" for name, j in claim.once.items()]
+    verdicts = "; ".join([*(f"sample {s}: {j.verdict}" for s, j in claim.samples.items()), *once])
     corpora = claim.by_corpus()
     rule = (
         "consistent or not consistent only where both samples agree"
@@ -43,6 +44,8 @@ def section(claim: Claim, provisional: str) -> Section:
         else "per corpus: " + ", ".join(f"{c} {v}" for c, v in corpora.items()) + "; consistent or not consistent "
         "only where every corpus is"
     )
+    if once:
+        rule += "; with the parts judged once that can test: consistent where all are, not consistent where any is"
     return Section(
         f"{claim.claim}: {claim.statement}",
         f"**Measured.** {claim.method}\n\n**Criterion (declared before the data).** {claim.criterion}\n\n"
@@ -51,6 +54,10 @@ def section(claim: Claim, provisional: str) -> Section:
         tables=[
             *effect_tables(claim),
             *(TableBlock(f"Evidence, sample {s}", evidence_table(j), max_rows=None) for s, j in claim.samples.items()),
+            *(
+                TableBlock(f"Evidence judged once: {n}", evidence_table(j), max_rows=None)
+                for n, j in claim.once.items()
+            ),
             *claim.tables,
         ],
         verdict=claim.verdict,
@@ -134,6 +141,7 @@ def write_top(out: RunFolder, plan: Plan, claims: Sequence[Claim], where: Mappin
         "corpora": _corpora(claims),
         "verdicts": {c.claim: c.verdict for c in claims},
         "samples": {c.claim: {s: j.verdict for s, j in c.samples.items()} for c in claims},
+        "once": {c.claim: {n: once_verdict(j) for n, j in c.once.items()} for c in claims if c.once},
     }
     provisional = (
         f" The `{plan.name}` plan uses small samples: its verdicts are provisional." if plan.provisional else ""

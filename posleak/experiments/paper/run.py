@@ -125,6 +125,8 @@ def judged(repro: Reproduction, modules: Sequence[ClaimModule], runs: Mapping[st
     documents = {sample: repro.documents(sample) for sample in [*SAMPLES, SELECTION]}
     corpus = {repro.plan.corpus: {**runs[SHOWN].corpus(), "samples": list(SAMPLES), "documents": documents}}
     for module, claim in zip(modules, claims, strict=True):
+        claim.once = module.once()  # judged once, not per sample (C4's lab)
+        claim.numbers |= {name: numbers for name in claim.once if (numbers := module.numbers(name))}
         claim.models = {role: models[role] for role in module.roles}
         claim.corpora = dict(corpus)
         claim.tables = shown[module.name]

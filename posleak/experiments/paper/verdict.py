@@ -14,11 +14,13 @@ if its p-value and those of all before it lie below 2.5%/(m − j); a row whose 
 Holm does not reach reads unclear. Support needs every deciding row (an intersection-union test), which holds at
 2.5% with no adjustment. A row computed exactly (`fact`) has p-value 0 where it fails, 1 otherwise.
 
-`posleak paper` judges every claim on two disjoint samples of sequences (A and B) and calls a claim
-consistent, or not consistent, only where both samples agree (`replicated`); a disagreement is inconclusive
-(docs/method.md §13). On several corpora (the full plan's two) the same rule joins the corpora's verdicts
-(`across_corpora`). Each row keeps its estimate and bounds beside the evidence (`Judged`), so that the samples'
-rows can be pooled into effect sizes, which decide nothing (posleak.experiments.paper.effects).
+`posleak paper` judges every claim on two disjoint samples of sequences (A and B) and calls a claim consistent, or not
+consistent, only where both samples agree (`replicated`); a disagreement is inconclusive (docs/method.md §13). On
+several corpora (the full plan's two) the same rule joins the corpora's verdicts (`across_corpora`). Evidence that does
+not depend on the sample (C4's lab, which trains on its own data over its own seeds) is judged once (`Claim.once`), not
+per sample, and joins the samples' verdict (`with_once`). Each row keeps its estimate and bounds beside the evidence
+(`Judged`), so that the samples' rows can be pooled into effect sizes, which decide nothing
+(posleak.experiments.paper.effects).
 """
 
 from __future__ import annotations
@@ -109,9 +111,17 @@ class Claim:
     # the corpus's samples; for an inconclusive claim, the power projection of each row some sample left unclear
     pooled: list[dict[str, Any]] = field(default_factory=list)
     projection: list[dict[str, Any]] = field(default_factory=list)
+    # evidence judged once for the whole claim, not per sample, by name (C4's "lab": its own replication, over
+    # seeds); none in older files, where such evidence stood in every sample
+    once: dict[str, Judgement] = field(default_factory=dict)
 
     @property
     def verdict(self) -> Verdict:
+        return with_once(self.samples_verdict, self.once)
+
+    @property
+    def samples_verdict(self) -> Verdict:
+        """The verdict of the samples alone: replicated over each corpus's samples, then across the corpora."""
         return across_corpora(list(self.by_corpus().values()))
 
     def groups(self) -> dict[str, list[str]]:
@@ -141,6 +151,10 @@ class Claim:
             "samples": {
                 name: {"verdict": j.verdict, "evidence": j.evidence.to_dict(orient="records")}
                 for name, j in self.samples.items()
+            },
+            "once": {
+                name: {"verdict": once_verdict(j), "evidence": j.evidence.to_dict(orient="records")}
+                for name, j in self.once.items()
             },
             "numbers": self.numbers,
             "models": self.models,
@@ -179,6 +193,28 @@ def across_corpora(verdicts: Sequence[Verdict]) -> Verdict:
     transformers holds, or fails, only where it does so whatever the text; a corpus that disagrees says that the
     effect depends on the text, which the claim does not say."""
     return replicated(verdicts)
+
+
+def can_test(judgement: Judgement) -> bool:
+    """Whether a part judged once can test the claim: it has a deciding row (an untestable line's rows report)."""
+    return bool(judgement.evidence["deciding"].any())
+
+
+def once_verdict(judgement: Judgement) -> str:
+    """A part judged once as the reports name it: its verdict, or "not testable" where it has no deciding row."""
+    return judgement.verdict if can_test(judgement) else "not testable"
+
+
+def with_once(samples: Verdict, once: Mapping[str, Judgement]) -> Verdict:
+    """A claim's verdict from its samples' (`samples`, replicated and across corpora) and the parts judged once:
+    consistent only where the samples and every part that can test (`can_test`) are consistent, not consistent
+    where any of them is, inconclusive otherwise. A part that cannot test leaves the verdict. Why not `replicated`:
+    the parts are different lines of evidence of one criterion, not replications of one, and within a sample a
+    line that contradicts the claim already makes it not consistent."""
+    verdicts = [samples, *(j.verdict for j in once.values() if can_test(j))]
+    if all(v == "consistent" for v in verdicts):
+        return "consistent"
+    return "not consistent" if "not consistent" in verdicts else "inconclusive"
 
 
 def row(
