@@ -83,7 +83,7 @@ def verdict_table(claims: Sequence[Claim]) -> str:
     for claim in claims:
         samples = ", ".join(f"{name} {j.verdict}" for name, j in claim.samples.items())
         verdict = f"**{claim.verdict}**{_per_corpus(claim)}"
-        dates = f" ({revised(claim.revisions)})" if claim.revisions else ""
+        dates = f" (criterion revised {revised(claim.revisions)})" if claim.revisions else ""
         cell = f"{claim.claim}: {claim.statement}{dates}"
         lines.append(f"| {cell} | {verdict} | {samples} | {_rows(claim, claim.deciding())} |")
     return "\n".join(lines)

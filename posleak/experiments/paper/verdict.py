@@ -70,9 +70,8 @@ class Revision:
 
 
 def revised(revisions: Sequence[Revision]) -> str:
-    """The words beside a criterion: "criterion revised D1, D2" (each date once, in order); empty for none."""
-    dates = list(dict.fromkeys(r.date for r in revisions))
-    return f"criterion revised {', '.join(dates)}" if dates else ""
+    """The dates a criterion was revised, each once, in order, for the words beside it: "D1, D2"."""
+    return ", ".join(dict.fromkeys(r.date for r in revisions))
 
 
 def criterion_text(criterion: str, revisions: Sequence[Revision]) -> str:
@@ -82,8 +81,8 @@ def criterion_text(criterion: str, revisions: Sequence[Revision]) -> str:
         return f"**Criterion.** {criterion}"
     items = "\n".join(f"- {r.date}: {r.why}" for r in revisions)
     return (
-        f"**Criterion ({revised(revisions)}).** {criterion}\n\n**Its revisions**, each made after verdicts had been "
-        f"seen (docs/method.md §13, Revisions):\n\n{items}"
+        f"**Criterion (revised {revised(revisions)}).** {criterion}\n\n**Its revisions**, each made after verdicts "
+        f"had been seen (docs/method.md §13, Revisions):\n\n{items}"
     )
 
 
