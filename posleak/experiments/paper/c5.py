@@ -87,9 +87,9 @@ class C5(ClaimModule):
         HOLM_RULE,
         Revision(
             "2026-12-03",
-            "decided by one replacement named before its data, the vocabulary mean, its interval inside 20–60%; "
-            "random and zero reported (before: consistent where any of the three replacements' intervals met the "
-            "band, a forking path across three tries; issue 34)",
+            "decided by one replacement, the vocabulary mean, its interval inside 20–60%, random and zero reported "
+            "(before: consistent where any of the three replacements' intervals met the band, a forking path across "
+            "three tries; issue 34); all three had run since 2026-11-30, so the mean's interval had been seen",
         ),
         BY_DOCUMENT,
         ACROSS_CORPORA,
