@@ -350,7 +350,7 @@ def test_rerun_resumes_from_finished_runs(paper: Path, smollm2: LoadedModel) -> 
 
 
 # ---------------------------------------------------------------------------- verdicts on constructed inputs
-# Each claim's criterion (paper/c1.py … c6.py, declared before the data) applied to inputs built here with a known
+# Each claim's criterion (paper/c1.py … c6.py, with its dated revisions) applied to inputs built here with a known
 # answer, and the estimates it is judged on (evidence.py) against numpy computations of their definitions.
 
 RESAMPLES = 400

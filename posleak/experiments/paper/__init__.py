@@ -3,9 +3,10 @@ by role (`paper_plan`: `--models ROLE=MODEL,...`, `--plan PLAN.yaml`).
 
 Every analysis is an ordinary `analyze` run folder under `OUT/runs/` and every lab model a lab trial under
 `OUT/lab/`, so an interrupted reproduction resumes where it stopped. Each claim is judged by a criterion
-written in its own module (c1.py … c6.py) before any data were seen, on two disjoint samples of sequences (A
-and B) cut from disjoint documents, and every analysis, intervention and control runs on each sample (C3 chooses
-its heads on a third sample, disjoint from both). A claim is consistent, or
+written in its own module (c1.py … c6.py), first before any data were seen and since revised after verdicts had
+been seen, each revision dated with why in the module (`revisions`, claims.json), on two disjoint samples of
+sequences (A and B) cut from disjoint documents, and every analysis, intervention and control runs on each sample
+(C3 chooses its heads on a third sample, disjoint from both). A claim is consistent, or
 not consistent, only where both samples say so. On several corpora (`--corpus NAME ...`; the full plan's stdlib
 and bible-web) the whole reproduction runs on each and a claim is consistent, or not, only where every corpus
 says so (corpora.py).

@@ -9,9 +9,17 @@ from pathlib import Path
 from typing import Any
 
 from posleak.experiments.evidence import Estimate, layer_mean, percent_change
-from posleak.experiments.paper.claim import ClaimModule, quote
+from posleak.experiments.paper.claim import (
+    ACROSS_CORPORA,
+    BY_DOCUMENT,
+    HOLM_RULE,
+    REPLICATED,
+    ROWS_ESTIMAND,
+    ClaimModule,
+    quote,
+)
 from posleak.experiments.paper.reproduction import NULL_KINDS, SampleRuns
-from posleak.experiments.paper.verdict import Judgement, judge, row
+from posleak.experiments.paper.verdict import Judgement, Revision, judge, row
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
 
@@ -76,6 +84,31 @@ class C1(ClaimModule):
     statement = "RoPE-trained models show absolute position in their attention patterns."
     roles = ("standard", "large-base", "sliding")
     criterion = C1_CRITERION
+    revisions = (
+        REPLICATED,
+        Revision(
+            "2026-12-01",
+            "both components judged on each model's mean over layers, each with a 95% interval above 0.05 nats, "
+            "not consistent where either lies below in some model (before: the residual-stream magnitude's lower "
+            "bound above 0 in half of the layers and the causal-mask magnitude above 0 in every layer, not "
+            "consistent only where neither held in any model)",
+        ),
+        Revision(
+            "2026-12-02",
+            "the residual-stream interval must also lie above that of the same magnitude on the same rows with "
+            "their tokens shuffled: a magnitude had had no null beside it (issue 27)",
+        ),
+        ROWS_ESTIMAND,
+        HOLM_RULE,
+        Revision(
+            "2026-12-03",
+            "no token null decides: the shuffle null keeps the causal mask, position 0 and the sinks, the paper's "
+            "own mechanism, so the residual-stream component of a layer whose only position is a sink at key 0 "
+            "could never lie above it; the share that the shuffled tokens keep is reported instead (issue 34)",
+        ),
+        BY_DOCUMENT,
+        ACROSS_CORPORA,
+    )
     method = (
         "The decomposition of each model's mean log-attention by rows into g(d), c(i) and w(i, d) (docs/method.md "
         "§2–3); the magnitudes averaged over layers."

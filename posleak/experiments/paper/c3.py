@@ -24,10 +24,19 @@ from posleak.experiments.paper.c3_units import (
     UnitEvidence,
     measure_units,
 )
-from posleak.experiments.paper.claim import ClaimModule, quote, rounded
+from posleak.experiments.paper.claim import (
+    ACROSS_CORPORA,
+    BY_DOCUMENT,
+    HOLM_RULE,
+    REPLICATED,
+    ROWS_ESTIMAND,
+    ClaimModule,
+    quote,
+    rounded,
+)
 from posleak.experiments.paper.plan import SHOWN
 from posleak.experiments.paper.reproduction import SampleRuns
-from posleak.experiments.paper.verdict import HOLM, Judgement, fact, judge
+from posleak.experiments.paper.verdict import HOLM, Judgement, Revision, fact, judge
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
 from posleak.report.html import TableBlock, Verdict
@@ -128,6 +137,36 @@ class C3(ClaimModule):
     roles = C3_ROLES
     words = (PATCH_SOURCE,)
     criterion = C3_CRITERION
+    revisions = (
+        REPLICATED,
+        Revision(
+            "2026-12-01",
+            "the value at key 0 of all sink heads (α₀ > 0.3) ablated jointly must lower the later layers' "
+            "residual-stream magnitude by more than 1% and by more than each control of as many random non-sink "
+            "heads (before: one sink head's ablation lowering it at all sufficed, which the run of 2026-11-30 met "
+            "with one head of four while three raised it; issue 11)",
+        ),
+        Revision(
+            "2026-12-02",
+            "judged per unit (each model of the standard, large-base and sliding roles, in each BOS setting the "
+            "tokenizer allows), decided by the path-specific patch of the sink heads' position-0 key and value "
+            "against the same patch in controls, the value ablation reported: the ablation had run on "
+            "smollm2-135m alone and also removes the sink's no-op role; the units combine as consistent when "
+            "every unit is, not consistent when more than half are not (issue 27)",
+        ),
+        ROWS_ESTIMAND,
+        HOLM_RULE,
+        Revision(
+            "2026-12-04",
+            "two questions: (a) the clock removal of the sink heads decides the claim, (b) the patch has a "
+            "verdict of its own outside it; controls matched by layer; heads chosen on a selection sample that "
+            "judges nothing: a sink's clock survives the patch, so its 'no change' did not speak against sinks "
+            "carrying position, the controls had come from any layer, and the heads had been chosen on the sample "
+            "that judged them (issue 34)",
+        ),
+        BY_DOCUMENT,
+        ACROSS_CORPORA,
+    )
     family_wise = f"{HOLM}, within each unit and question; the units and questions combine as the criterion says"
     method = (
         "h_0^(l) compared across inputs sharing the token at position 0, in every run. Per unit (a model of the "

@@ -26,10 +26,19 @@ from posleak.experiments.batch import AnalysisJob
 from posleak.experiments.compare import summarise
 from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, percent_change, seed_mean
 from posleak.experiments.paper.c1 import MIN_MAGNITUDE
-from posleak.experiments.paper.claim import ClaimModule, quote, rounded
+from posleak.experiments.paper.claim import (
+    ACROSS_CORPORA,
+    BY_DOCUMENT,
+    HOLM_RULE,
+    REPLICATED,
+    ROWS_ESTIMAND,
+    ClaimModule,
+    quote,
+    rounded,
+)
 from posleak.experiments.paper.plan import SHOWN
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
-from posleak.experiments.paper.verdict import Judgement, fact, judge, row
+from posleak.experiments.paper.verdict import Judgement, Revision, fact, judge, row
 from posleak.lab.plan import run_trials
 from posleak.lab.trainer import TrainConfig
 from posleak.lab.trial import EvalConfig, Trial, trial_folder
@@ -345,6 +354,34 @@ class C4(ClaimModule):
     )
     roles = ("standard", "large-base", "sliding")
     criterion = C4_CRITERION
+    revisions = (
+        REPLICATED,
+        Revision(
+            "2026-12-01",
+            "four lines, each judged on its interval and all needed: NTK scaling at inference lowers the "
+            "residual-stream magnitude by more than 2%; between pretrained models the depth slopes order sliding "
+            "window > standard > NTK; a lab decoder trained three ways orders them alike; the lab's NTK base "
+            "lowers it by more than 2% (before: NTK lowering it at all, and the sliding model's magnitude growing "
+            "with depth, which every model's rise from layer 0 met and which never compared the window with "
+            "standard RoPE; issue 11)",
+        ),
+        ROWS_ESTIMAND,
+        HOLM_RULE,
+        Revision(
+            "2026-12-04",
+            "the lab lines' intervals over seeds (five, before two), the seeds resampled alike for every variant: "
+            "the interval had left out the spread between seeds, so one unreplicated row decided the full run's "
+            "verdict (issue 34)",
+        ),
+        Revision(
+            "2026-12-04",
+            "the window comparison judged on the queries beyond the window (resid_beyond, W ≤ i < T), both models "
+            "at the sliding model's T, in the pretrained and the lab lines (before: resid_all, each model at its "
+            "own T): a window hides key 0 only from those queries (issue 34)",
+        ),
+        BY_DOCUMENT,
+        ACROSS_CORPORA,
+    )
     method = (
         "Slopes of the residual-stream magnitude against relative depth with bootstrap intervals, between the "
         "pretrained models on each sample and, judged once over its seeds, in a lab decoder trained with full "

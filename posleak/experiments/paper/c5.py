@@ -18,10 +18,28 @@ from typing import Any
 import pandas as pd
 
 from posleak.experiments.evidence import Estimate, Says, layer_mean, share_removed
-from posleak.experiments.paper.claim import ClaimModule, quote, rounded
+from posleak.experiments.paper.claim import (
+    ACROSS_CORPORA,
+    BY_DOCUMENT,
+    HOLM_RULE,
+    REPLICATED,
+    ROWS_ESTIMAND,
+    ClaimModule,
+    quote,
+    rounded,
+)
 from posleak.experiments.paper.plan import SHOWN
 from posleak.experiments.paper.reproduction import SampleRuns
-from posleak.experiments.paper.verdict import EVIDENCE_COLUMNS, JUDGED, Judged, Judgement, exact_p, judge, row
+from posleak.experiments.paper.verdict import (
+    EVIDENCE_COLUMNS,
+    JUDGED,
+    Judged,
+    Judgement,
+    Revision,
+    exact_p,
+    judge,
+    row,
+)
 from posleak.measure.behaviour import behaviour_table
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
@@ -175,6 +193,19 @@ class C5(ClaimModule):
     )
     roles = ("bos",)
     criterion = C5_CRITERION
+    revisions = (
+        REPLICATED,
+        ROWS_ESTIMAND,
+        HOLM_RULE,
+        Revision(
+            "2026-12-03",
+            "decided by one replacement, the vocabulary mean, its interval inside 20–60%, random and zero reported "
+            "(before: consistent where any of the three replacements' intervals met the band, a forking path across "
+            "three tries; issue 34); all three had run since 2026-11-30, so the mean's interval had been seen",
+        ),
+        BY_DOCUMENT,
+        ACROSS_CORPORA,
+    )
 
     @property
     def method(self) -> str:  # the plan's BOS model, so not a class constant

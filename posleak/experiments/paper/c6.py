@@ -24,10 +24,10 @@ from posleak.capture import CaptureSession, QueryStats, ResidualCapture
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.data.batches import TokenBatch, iter_batches, without_bos
 from posleak.experiments.evidence import Estimate, sequence_mean
-from posleak.experiments.paper.claim import ClaimModule, quote
+from posleak.experiments.paper.claim import ACROSS_CORPORA, BY_DOCUMENT, HOLM_RULE, REPLICATED, ClaimModule, quote
 from posleak.experiments.paper.plan import FINGERPRINT_ROLES, SAMPLES, SHOWN, RoleName
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
-from posleak.experiments.paper.verdict import Judgement, fact, judge, row
+from posleak.experiments.paper.verdict import Judgement, Revision, fact, judge, row
 from posleak.intervene import Interventions
 from posleak.intervene.patching import source_token
 from posleak.measure.bootstrap import resampling_units
@@ -195,6 +195,25 @@ class C6(ClaimModule):
     roles = FINGERPRINT_ROLES
     words = FIRST_TOKENS
     criterion = C6_CRITERION
+    revisions = (
+        REPLICATED,
+        Revision(
+            "2026-12-01",
+            "not consistent where some model fails either check, inconclusive between the bands (before: not "
+            "consistent only where a check failed in every model)",
+        ),
+        HOLM_RULE,
+        Revision(
+            "2026-12-04",
+            "replaced by a probe of position 0's token identity in later positions of models without a BOS, above "
+            "chance + 5 points and lowered by more than 5 points when the sink heads' reads of key 0 are removed; "
+            "h_0's constancy with a BOS and its change without one hold by construction (position 0 is closed), "
+            "so that check could not fail and is reported (issue 34); written before the probe had run on a "
+            "built-in model",
+        ),
+        BY_DOCUMENT,
+        ACROSS_CORPORA,
+    )
     method = (
         "Identity probe (docs/method.md §8, §13): each sequence run with each of K named first tokens, the hidden "
         "states at later positions classified by nearest class mean, held out by sequence; again with the sink "

@@ -3,6 +3,11 @@
 A claim module holds everything of one claim: the analyses it needs beyond the shared ones (`measure`), its
 criterion, its judgement of one sample, its tables and figures, and its text (statement, method, the sentence
 that sets the measured effect beside the paper's). `reproduce` iterates the modules in claim order.
+
+The criteria were first written on 2026-11-30, before any data; every change since of what a criterion measures, a
+threshold, the unit or the rule came after verdicts had been seen, and stands in its module's `revisions` with its
+date and why (claims.json, report.html and the docs pages show them; docs/method.md §13, Revisions). The changes
+below applied to several claims at once; each module lists those that touched it.
 """
 
 from __future__ import annotations
@@ -16,9 +21,40 @@ import pandas as pd
 
 from posleak.experiments.paper.plan import RoleName
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
-from posleak.experiments.paper.verdict import HOLM, Judgement, quoted
+from posleak.experiments.paper.verdict import HOLM, Judgement, Revision, quoted
 from posleak.pipeline import AnalysisResult
 from posleak.report.html import TableBlock
+
+# The first verdicts (the test suite's `posleak paper --quick`, 2026-11-30) came from one sample, and issue 11 found
+# criteria that could hardly fail; every criterion was rewritten on 2026-12-01 (each module says how) and judged so.
+REPLICATED = Revision(
+    "2026-12-01",
+    "judged on two disjoint samples of sequences, A and B, and consistent or not consistent only where both agree "
+    "(before: one sample); effects with a direction and a minimum size judged on their 95% intervals (issue 11)",
+)
+ROWS_ESTIMAND = Revision(
+    "2026-12-03",
+    "the magnitudes judged are those of the decomposition by rows, mean ℓ = g + c + w (method §3), in place of the "
+    "earlier g, m, r: the earlier residual-stream magnitude counted a Jensen gap of the softmax denominator as "
+    "absolute position (0.03–0.30 nats of resid_all in a planted layer with none), so a threshold on it could not "
+    "fail, and the causal-mask magnitude about doubled under the new one (issue 33)",
+)
+HOLM_RULE = Revision(
+    "2026-12-03",
+    "contradictions counted under Holm's step-down rule over the claim's deciding rows (family_wise), in place of "
+    "any one row contradicting alone at 2.5%, which gave about 20% false contradictions per sample of 5–9 rows "
+    "(issue 34)",
+)
+BY_DOCUMENT = Revision(
+    "2026-12-04",
+    "samples A and B cut from disjoint documents, and the intervals resampling documents, not sequences: windows of "
+    "one document had stood in both samples and been resampled as if independent (issue 34)",
+)
+ACROSS_CORPORA = Revision(
+    "2026-12-04",
+    "the full plan judges on two corpora (stdlib, bible-web), consistent or not consistent only where every corpus "
+    "is (verdict.across_corpora): every verdict had rested on one corpus (issue 34)",
+)
 
 
 class ClaimModule(ABC):
@@ -27,6 +63,8 @@ class ClaimModule(ABC):
     name: ClassVar[str]
     statement: ClassVar[str]
     criterion: ClassVar[str]
+    # the criterion's revisions after verdicts had been seen, oldest first (module docstring); () for none
+    revisions: ClassVar[tuple[Revision, ...]] = ()
     method: ClassVar[str]
     roles: ClassVar[tuple[RoleName, ...]]  # the roles whose models the claim reads (claims.json names them)
     family_wise: ClassVar[str] = HOLM  # how its deciding rows give a sample's verdict (verdict.judge)

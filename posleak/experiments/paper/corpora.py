@@ -60,7 +60,9 @@ def side_by_side(claims: Mapping[str, Sequence[Claim]]) -> list[Claim]:
 def _joined(claims: Mapping[str, Claim]) -> Claim:
     """One claim judged on each corpus, as one claim whose verdict is `across_corpora` of theirs."""
     first = next(iter(claims.values()))
-    joined = Claim(first.claim, first.statement, first.criterion, {}, first.method, first.family_wise)
+    joined = Claim(
+        first.claim, first.statement, first.criterion, {}, first.method, first.family_wise, revisions=first.revisions
+    )
     joined.models = first.models  # the same models read every corpus
     # the parts judged once (C4's lab) do not depend on the corpus: its models train on their own data, once
     joined.once = first.once

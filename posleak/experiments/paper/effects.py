@@ -2,11 +2,12 @@
 an inconclusive claim a power projection of the documents per sample that would decide each row a sample left
 unclear; and the tables of them that report.html and the docs pages show.
 
-Neither decides anything. A claim's verdict stays the replication of its samples' verdicts (verdict.py), the
-criterion declared before the data; the pooled row is the effect size a reader sees first, its interval from both
-samples' documents, with what each sample's own row says beside it as the replication check. The projection reads
-the pooled value and spread: the pooled interval comes from C_A + C_B documents, so a sample of C' documents has one
-√((C_A + C_B)/C') times as wide, and `documents_to_decide` on the pooled estimate gives C' per sample.
+Neither decides anything. A claim's verdict stays the replication of its samples' verdicts (verdict.py) under the
+criterion in its module, with its dated revisions; the pooled row is the effect size a reader sees first, its
+interval from both samples' documents, with what each sample's own row says beside it as the replication check. The
+projection reads the pooled value and spread: the pooled interval comes from C_A + C_B documents, so a sample of C'
+documents has one √((C_A + C_B)/C') times as wide, and `documents_to_decide` on the pooled estimate gives C' per
+sample.
 """
 
 from __future__ import annotations

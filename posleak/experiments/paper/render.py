@@ -26,7 +26,16 @@ from posleak.experiments.paper.corpora import CORPORA
 from posleak.experiments.paper.effects import POOLED, POOLED_NOTE, PROJECTION_NOTE, pooled_table, projection_table
 from posleak.experiments.paper.plan import QUICK
 from posleak.experiments.paper.run import CLAIMS
-from posleak.experiments.paper.verdict import SAYS, Claim, Judgement, once_verdict, quoted
+from posleak.experiments.paper.verdict import (
+    SAYS,
+    Claim,
+    Judgement,
+    Revision,
+    criterion_text,
+    once_verdict,
+    quoted,
+    revised,
+)
 from posleak.store import atomic_write
 
 RESULTS = Path("docs") / "results"
@@ -46,9 +55,12 @@ def read_claims(path: Path) -> list[Claim]:
     for entry in json.loads(path.read_text()):
         module = modules[entry["claim"]]
         samples = {name: _judgement(sample) for name, sample in entry["samples"].items()}
-        # older claims.json files name no family-wise rule, nor corpora
+        # older claims.json files name no family-wise rule, nor corpora, nor the criterion's revisions
         family_wise = entry.get("family_wise", "")
-        claim = Claim(entry["claim"], module.statement, entry["criterion"], samples, "", family_wise)
+        revisions = [Revision(r["date"], r["why"]) for r in entry.get("revisions", [])]
+        claim = Claim(
+            entry["claim"], module.statement, entry["criterion"], samples, "", family_wise, revisions=revisions
+        )
         claim.corpora = entry.get("corpora", {})
         # older files have no effect sizes, and their pages none
         claim.pooled, claim.projection = entry.get("pooled", []), entry.get("projection", [])
@@ -83,12 +95,14 @@ def _rows(claim: Claim, names: Sequence[str]) -> str:
 
 
 def verdict_table(claims: Sequence[Claim]) -> str:
-    """One row per claim: the verdict, each sample's, and the one or two rows that decided it in both samples."""
+    """One row per claim: the claim with the dates its criterion was revised, the verdict, each sample's, and the
+    one or two rows that decided it in both samples."""
     lines = ["| claim | verdict | samples | what decided it |", "|---|---|---|---|"]
     for claim in claims:
         verdict = f"**{claim.verdict}**{_per_corpus(claim)}"
-        row = f"| {claim.claim}: {claim.statement} | {verdict} | {_parts(claim)} | {_rows(claim, claim.deciding())} |"
-        lines.append(row)
+        dates = f" (criterion revised {revised(claim.revisions)})" if claim.revisions else ""
+        cell = f"{claim.claim}: {claim.statement}{dates}"
+        lines.append(f"| {cell} | {verdict} | {_parts(claim)} | {_rows(claim, claim.deciding())} |")
     return "\n".join(lines)
 
 
@@ -158,21 +172,24 @@ def results_home(plan: str) -> tuple[Path, Path]:
 
 
 def results_page(claims: Sequence[Claim], source: Path, figures: Sequence[Path], plan: str = README_PLAN) -> str:
-    """The page of a run of `plan` (docs/results.md for the README's plan): every claim's criterion, verdicts, its
-    effect sizes where its claims.json has them (`_effects`), full evidence in both samples, and its figures."""
+    """The page of a run of `plan` (docs/results.md for the README's plan): every claim's criterion with its
+    revisions (none in a claims.json older than them), verdicts, its effect sizes where its claims.json has them
+    (`_effects`), full evidence in both samples, and its figures."""
     title = "# What the reproduction found" + ("" if plan == README_PLAN else f": the `{plan}` plan")
     out = [
         title,
         "",
         f"Generated from [{source.name}]({source.relative_to('docs')}) by `posleak paper --render-docs`; do not edit. "
-        "Each claim is judged on two disjoint samples (A and B) by the criterion written in its module before the "
-        "data (method.md §13); it is consistent, or not, only where both samples agree"
+        "Each claim is judged on two disjoint samples (A and B) by the criterion in its module, first written before "
+        "the data and revised since, each time after verdicts had been seen (method.md §13 dates every revision and "
+        "says why; a claim below lists those its run was judged under); it is consistent, or not, only where both "
+        "samples agree"
         f"{_on_corpora(claims)}{_once_rule(claims)}.",
         "",
         verdict_table(claims),
     ]
     for claim in claims:
-        out += ["", f"## {claim.claim}: {claim.statement}", "", f"**Criterion.** {claim.criterion}", ""]
+        out += ["", f"## {claim.claim}: {claim.statement}", "", criterion_text(claim.criterion, claim.revisions), ""]
         out += [f"**Family-wise rule.** {claim.family_wise}.", ""] if claim.family_wise else []
         out += [f"**Verdict: {claim.verdict}**{_per_corpus(claim)} ({_parts(claim)})."]
         out += _effects(claim)

@@ -11,7 +11,7 @@ import pandas as pd
 from posleak.experiments.paper.effects import POOLED, POOLED_NOTE, PROJECTION_NOTE, pooled_table, projection_table
 from posleak.experiments.paper.plan import ROLE_NAMES, Plan
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
-from posleak.experiments.paper.verdict import Claim, Judgement, once_verdict
+from posleak.experiments.paper.verdict import Claim, Judgement, criterion_text, once_verdict
 from posleak.report.html import Section, TableBlock, render_report
 from posleak.store import RunFolder, write_json
 
@@ -34,7 +34,8 @@ def evidence_table(judgement: Judgement) -> pd.DataFrame:
 
 
 def section(claim: Claim, provisional: str) -> Section:
-    """A claim's section of report.html: what was measured, the criterion, the paper's effect, the verdict."""
+    """A claim's section of report.html: what was measured, the criterion with its revisions, the paper's effect,
+    the verdict."""
     once = [f"{name}, judged once: {once_verdict(j)}" for name, j in claim.once.items()]
     verdicts = "; ".join([*(f"sample {s}: {j.verdict}" for s, j in claim.samples.items()), *once])
     corpora = claim.by_corpus()
@@ -48,7 +49,7 @@ def section(claim: Claim, provisional: str) -> Section:
         rule += "; with the parts judged once that can test: consistent where all are, not consistent where any is"
     return Section(
         f"{claim.claim}: {claim.statement}",
-        f"**Measured.** {claim.method}\n\n**Criterion (declared before the data).** {claim.criterion}\n\n"
+        f"**Measured.** {claim.method}\n\n{criterion_text(claim.criterion, claim.revisions)}\n\n"
         f"**Against the paper.** {claim.paper}\n\n**Verdict.** {verdicts} → **{claim.verdict}** ({rule}).{provisional}",
         figures=claim.figures,
         tables=[

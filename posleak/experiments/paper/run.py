@@ -104,7 +104,10 @@ def claim_words() -> dict[RoleName, list[str]]:
 def judged(repro: Reproduction, modules: Sequence[ClaimModule], runs: Mapping[str, SampleRuns]) -> list[Claim]:
     """Every claim judged on each sample, with its tables (written per sample, shown for sample A), its effect on
     the loss, the sentence against the paper and its figures."""
-    claims = [Claim(m.name, m.statement, m.criterion, {}, m.method, m.family_wise) for m in modules]
+    claims = [
+        Claim(m.name, m.statement, m.criterion, {}, m.method, m.family_wise, revisions=list(m.revisions))
+        for m in modules
+    ]
     shown: dict[str, list[TableBlock]] = {}
     for sample in SAMPLES:
         for module, claim in zip(modules, claims, strict=True):

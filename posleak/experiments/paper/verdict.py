@@ -1,7 +1,9 @@
 """How a claim of arXiv 2606.06160 is judged: rows of evidence, each sample's verdict, the two samples' verdict.
 
-Each claim's criterion (c1.py … c6.py, written before any data were seen) names the effects it expects, their
-direction and a minimum size, and is judged on the bootstrap interval of each effect (evidence.py): a row of
+Each claim's criterion (c1.py … c6.py) names the effects it expects, their direction and a minimum size, and is
+judged on the bootstrap interval of each effect (evidence.py). The criteria were first written before any data were
+seen (2026-11-30) and have been revised since, after verdicts had been seen: each claim module dates its
+revisions and says why (`ClaimModule.revisions`, `Revision`; docs/method.md §13, Revisions). A row of
 evidence *supports* the claim when its whole 95% interval lies beyond the threshold, *contradicts* it when the
 whole interval lies on the other side, and is *unclear* otherwise. A sample's verdict is "consistent" when every
 deciding row supports the claim, "not consistent" when any contradicts it, and "inconclusive" otherwise, also
@@ -61,6 +63,32 @@ class Judged:
     bounds: tuple[Bound, ...]
 
 
+@dataclass(frozen=True)
+class Revision:
+    """A change of a claim's criterion (what it measures, a threshold, the unit or the rule; not its wording): the
+    ISO date (YYYY-MM-DD) of the commit that made it, and what changed and why."""
+
+    date: str
+    why: str
+
+
+def revised(revisions: Sequence[Revision]) -> str:
+    """The dates a criterion was revised, each once, in order, for the words beside it: "D1, D2"."""
+    return ", ".join(dict.fromkeys(r.date for r in revisions))
+
+
+def criterion_text(criterion: str, revisions: Sequence[Revision]) -> str:
+    """A criterion as report.html and the docs pages show it (markdown): headed "Criterion", with the dates it was
+    revised, and below it each revision's date and why, a list; a criterion without revisions stands alone."""
+    if not revisions:
+        return f"**Criterion.** {criterion}"
+    items = "\n".join(f"- {r.date}: {r.why}" for r in revisions)
+    return (
+        f"**Criterion (revised {revised(revisions)}).** {criterion}\n\n**Its revisions**, each made after verdicts "
+        f"had been seen (docs/method.md §13, Revisions):\n\n{items}"
+    )
+
+
 @dataclass
 class Judgement:
     """One sample's evidence rows and the verdict they give; `judged`, per row in order, its estimate and bounds
@@ -114,6 +142,8 @@ class Claim:
     # evidence judged once for the whole claim, not per sample, by name (C4's "lab": its own replication, over
     # seeds); none in older files, where such evidence stood in every sample
     once: dict[str, Judgement] = field(default_factory=dict)
+    # the criterion's revisions after verdicts had been seen (ClaimModule.revisions); none in older files
+    revisions: list[Revision] = field(default_factory=list)
 
     @property
     def verdict(self) -> Verdict:
@@ -145,6 +175,7 @@ class Claim:
             "claim": self.claim,
             "verdict": self.verdict,
             "criterion": self.criterion,
+            "revisions": [{"date": r.date, "why": r.why} for r in self.revisions],
             "family_wise": self.family_wise,
             "pooled": self.pooled,
             "projection": self.projection,
