@@ -183,7 +183,7 @@ def claim_c6(probes: Mapping[str, IdentityProbe]) -> Judgement:
         why = probe.heads.untestable()
         if why is not None:
             count = sum(map(len, probe.heads.sinks.values()))
-            untestable = fact(f"{label}: untestable: {why}", count, False, False, "each matched", "sink heads")
+            untestable = fact(f"{label}: untestable: {why}", count, False, False, "≥ 1, 1 control each", "sink heads")
             rows.append({**untestable, "deciding": False})
         if probe.removed is None:
             continue
