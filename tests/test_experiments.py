@@ -925,8 +925,8 @@ def test_claim_c6_verdicts(probes: dict[str, IdentityProbe], verdict: str) -> No
     """Per testable model, the first token's identity above chance + 5 points after the first sink head, lowered by
     more than 5 points without the sink heads' reads and by more than without the matched controls' reads:
     consistent; at chance, not lowered, or lowered less than by the controls' removal: not consistent; one sequence
-    of six lowered (an interval across −5 points): inconclusive. A model with too few non-sink heads, or none
-    sink, is untestable: its rows decide nothing, and the other model decides alone. The rows are the mean over
+    of six lowered (an interval across −5 points): inconclusive. A model with too few non-sink heads, or with no
+    sink head, is untestable: its rows decide nothing, and the other model decides alone. The rows are the mean over
     resid 1–2 of each sequence's accuracy, its paired changes and their paired difference."""
     judgement = claim_c6(probes)
     assert judgement.verdict == verdict
