@@ -166,6 +166,16 @@ class C3(ClaimModule):
         ),
         BY_DOCUMENT,
         ACROSS_CORPORA,
+        Revision(
+            "2026-12-05",
+            "controls matched on what the clock removal takes away, each sink head's the non-sink head of its "
+            "layer with the nearest clock (resid_all_key0 on the selection sample), not drawn at random in the "
+            "layer: a random control's clock removal raised smollm2-135m's later layers' component by 24–27%, so "
+            "'sinks lower it more than the control' could pass because the control disrupts; a unit without sink "
+            "heads is reported as untestable and left out of the questions (none left: inconclusive), where it "
+            "had counted as inconclusive, so that C3 could not come out consistent wherever a model has no sink "
+            "head in one BOS setting (issue 44)",
+        ),
     )
     family_wise = f"{HOLM}, within each unit and question; the units and questions combine as the criterion says"
     method = (

@@ -381,6 +381,14 @@ class C4(ClaimModule):
         ),
         BY_DOCUMENT,
         ACROSS_CORPORA,
+        Revision(
+            "2026-12-05",
+            "the lab judged once over its seeds, not as a row of every sample; its NTK line is the RoPE-trained "
+            "models under NTK scaling at inference, the decoder trained with a large base reported as 'large "
+            "base'; a lab line tests only where every seed's model has a sink head (α₀ > 0.3) and the seed mean "
+            "of resid_all lies above C1's 0.05 nats, otherwise it is untestable and leaves the verdict; the "
+            "claim's verdict joins the samples' and the lab's where it can test (issue 44)",
+        ),
     )
     method = (
         "Slopes of the residual-stream magnitude against relative depth with bootstrap intervals, between the "

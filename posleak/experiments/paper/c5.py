@@ -205,6 +205,14 @@ class C5(ClaimModule):
         ),
         BY_DOCUMENT,
         ACROSS_CORPORA,
+        Revision(
+            "2026-12-05",
+            "removed is the % of the early component's square (resid_early², the mean over layers) that the "
+            "replacement takes away, not the % change of its root: the root of a sum mixed a falling key-0 column "
+            "with rising other keys; squares add over key 0 and the rest, which are reported beside it with each "
+            "change in nats and the loss cost of each replacement; the band 20–60% and the deciding replacement "
+            "unchanged (issue 44)",
+        ),
     )
 
     @property

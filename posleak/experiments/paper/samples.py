@@ -17,8 +17,8 @@ from posleak.data.batches import part_documents, pos0_token, token_lengths
 from posleak.data.corpus import load_corpus
 from posleak.data.kinds import BosPolicy
 from posleak.experiments.paper.c3_units import C3_ROLES
-from posleak.experiments.paper.c6 import FINGERPRINT_SEQ_LEN
-from posleak.experiments.paper.plan import FINGERPRINT_ROLES, ROLE_NAMES, SAMPLES, Plan, RoleName
+from posleak.experiments.paper.c6 import FINGERPRINT_SEQ_LEN, PROBE_ROLES
+from posleak.experiments.paper.plan import ROLE_NAMES, SAMPLES, Plan, RoleName
 from posleak.experiments.paper.reproduction import PARTS, SELECTION, analysis_config, selection_seqs
 
 if TYPE_CHECKING:
@@ -43,7 +43,8 @@ def sample_needs(plan: Plan) -> list[SampleNeed]:
     """Every draw of sequences the reproduction makes under `plan`, by what differs in what it needs: each role's
     analyses (its interventions and nulls take the same sequences), C3's baselines on the selection sample (and,
     where the plan runs C3 in both BOS settings, without a BOS: a window of T content tokens, the longer), C4's
-    standard model at the sliding role's T and C6's probe (without a BOS, again the longer)."""
+    standard model at the sliding role's T, and C6's probe and its choice of heads on the selection sample (without a
+    BOS, again the longer)."""
     needs = []
     for role in ROLE_NAMES:
         seq_len, num_seqs = plan.size(role)
@@ -60,11 +61,14 @@ def sample_needs(plan: Plan) -> list[SampleNeed]:
     seq_len, num_seqs = plan.size("sliding")
     what, fix = "C4's standard model at the sliding role's T", "the sliding role's num_seqs or seq_len"
     needs.append(SampleNeed(what, "standard", seq_len, num_seqs, "auto", SAMPLES, fix))
-    for role in FINGERPRINT_ROLES:
+    for role in PROBE_ROLES:  # any may be probed: whether its tokenizer prepends a BOS is known once it is loaded
         what = f"C6's probe of the {role} model"
         needs.append(
             SampleNeed(what, role, FINGERPRINT_SEQ_LEN, plan.fingerprint_seqs, "off", SAMPLES, "fingerprint_seqs")
         )
+        selection = selection_seqs(plan.fingerprint_seqs)
+        what = f"C6's selection of the {role} model's sink heads and controls"
+        needs.append(SampleNeed(what, role, FINGERPRINT_SEQ_LEN, selection, "off", (SELECTION,), "fingerprint_seqs"))
     return needs
 
 
