@@ -23,6 +23,7 @@ from cli import file_stamps, run_cli, run_main, strict_json_files
 from tiny import SINK_T, sink_ids, sink_model, sink_scores
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from posleak.capture import QueryStats
 from posleak.cli.summary import claim_lines
 from posleak.data.batches import TokenBatch, part_documents
 from posleak.data.corpus import load_corpus
@@ -49,9 +50,9 @@ from posleak.experiments.paper.c6 import (
     FIRST_TOKENS,
     IDENTITY_COLUMNS,
     MIN_EFFECT,
+    PROBE_POSITIONS,
     IdentityProbe,
     ProbeHeads,
-    choose_heads,
     claim_c6,
     probe_controls,
     probe_identity,
@@ -72,6 +73,7 @@ from posleak.experiments.paper.samples import document_problems
 from posleak.experiments.paper.verdict import Claim, across_corpora, fact, judge, replicated, row
 from posleak.intervene import Interventions
 from posleak.intervene.patching import source_token
+from posleak.measure.position0 import variant_states
 from posleak.models.load import LoadedModel
 from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model
 from posleak.store import RunFolder, write_json
@@ -90,7 +92,8 @@ roles:
   standard: {seq_len: 128, num_seqs: 4}
   large-base: {seq_len: 128, num_seqs: 4}
   sliding: {seq_len: 576, num_seqs: 4}
-base: {bootstrap: 50, fingerprint_seqs: 4, lab_steps: 40, lab_seq_len: 32, lab_analyze_seqs: 8, c3_reported: true}
+base: {bootstrap: 50, fingerprint_seqs: 4, lab_steps: 40, lab_seq_len: 32, lab_analyze_seqs: 8, c3_reported: true,
+  sink_seq_len: 128}
 """
 # 81 analyses (tables only, no per-run report), the lab and C6's probe: 5.5 minutes measured on a quiet 2-core
 # Intel Xeon (2026-12-04), 9.1 in a full suite run beside other work; 14.3 on a 2-core AMD EPYC when each run
@@ -953,6 +956,14 @@ def _sink_reader(carry: bool) -> tuple[PreTrainedModel, list[int]]:
     return model, candidates
 
 
+def _chosen(model: PreTrainedModel, ids: torch.Tensor, candidates: list[int]) -> ProbeHeads:
+    """The heads `ProbeHeads.of` chooses from α₀ measured on the probe's own setting: `ids` with each first token,
+    T = 32 (`posleak paper` measures α₀ at the plan's sink_seq_len instead)."""
+    stats = QueryStats(entropy=False)
+    variant_states(model, ids, candidates, PROBE_POSITIONS[-1:], 2, accumulators=[stats])
+    return ProbeHeads.of(stats.result().sink_score)
+
+
 @pytest.mark.parametrize("carry", [True, False])
 def test_the_identity_probe_finds_a_first_token_that_only_the_sink_head_carries(carry: bool) -> None:
     """On a model whose one sink head (α₀ > 0.3, found on other sequences' variants) is the only path from position
@@ -963,7 +974,7 @@ def test_the_identity_probe_finds_a_first_token_that_only_the_sink_head_carries(
     model, candidates = _sink_reader(carry)
     generator = torch.Generator().manual_seed(0)
     chosen_on, ids = (torch.randint(1, 24, (n, FINGERPRINT_SEQ_LEN), generator=generator) for n in (3, 6))
-    heads = choose_heads(model, chosen_on, candidates, batch_size=2)
+    heads = _chosen(model, chosen_on, candidates)
     assert heads.sinks == {0: (0,), 1: ()} and heads.untestable() is None
     assert heads.controls is not None and len(heads.controls[0]) == 1 and not heads.controls[1]
     assert heads.sink_score[0, heads.controls[0][0]] <= 0.3
@@ -981,14 +992,15 @@ def test_the_identity_probe_finds_a_first_token_that_only_the_sink_head_carries(
 
 def test_smollm2_at_t32_has_too_few_non_sink_heads_to_match_its_sinks(smollm2: LoadedModel) -> None:
     """smollm2-135m without a BOS at T = 32, 2 sequences × the 8 first tokens: its α₀ > 0.3 in most heads (issue 44
-    counted 219 of 270), more than the non-sink heads, so it is untestable and no control is chosen; on its first 4
+    counted 219 of 270), more than the non-sink heads, so heads chosen at the probe's own T could not test C6 (why
+    `posleak paper` chooses them at the plan's sink_seq_len) and no control is chosen; on its first 4
     layers alone (fewer sinks than others) every sink head gets a control, each a distinct non-sink head, and the
     sink heads of a layer with enough non-sinks its own highest-α₀ non-sinks."""
     text = " ".join(load_corpus("stdlib").documents[:4])
     ids = torch.tensor(smollm2.tokenizer.encode(text, add_special_tokens=False)[: 2 * FINGERPRINT_SEQ_LEN])
     vocab = smollm2.facts.vocab_size
     candidates = [source_token(smollm2.tokenizer, word, vocab, "C6's first token") for word in FIRST_TOKENS]
-    heads = choose_heads(smollm2.model, ids.view(2, FINGERPRINT_SEQ_LEN), candidates, batch_size=2)
+    heads = _chosen(smollm2.model, ids.view(2, FINGERPRINT_SEQ_LEN), candidates)
     sinks, others = int((heads.sink_score > 0.3).sum()), int((heads.sink_score <= 0.3).sum())
     assert heads.controls is None and sinks > others and sinks + others == 270
     assert heads.untestable() == f"{sinks} sink heads (α₀ > 0.3), only {others} non-sink heads to match them"

@@ -54,7 +54,8 @@ C3_CRITERION = (
     f"Position 0 is a closed system in every run (h_0 identical across inputs sharing its token: relative spread "
     f"≤ {_exponent(CLOSED_HOLDS)}; above {_exponent(CLOSED_FAILS)} it fails). Per unit (each model of the standard, "
     "large-base and sliding roles, with its BOS setting and, where the tokenizer allows, the other one), with its "
-    f"sink heads (α₀ > {SINK_THRESHOLD}) and, per control draw, for each sink head a non-sink head of the same "
+    f"sink heads (α₀ > {SINK_THRESHOLD} at the plan's sink_seq_len, T = 256, as for every claim) and, per control "
+    "draw, for each sink head a non-sink head of the same "
     "layer (of the nearest where a layer has too few) matched on its clock (the key-0 column of w, "
     "resid_all_key0, nearest the sink head's), chosen on a selection sample disjoint from the judging ones, two "
     "questions, each judged alone: (a) the clock removal of "
@@ -174,7 +175,8 @@ class C3(ClaimModule):
             "'sinks lower it more than the control' could pass because the control disrupts; a unit without sink "
             "heads is reported as untestable and left out of the questions (none left: inconclusive), where it "
             "had counted as inconclusive, so that C3 could not come out consistent wherever a model has no sink "
-            "head in one BOS setting (issue 44)",
+            "head in one BOS setting; sink heads chosen at one T, the plan's sink_seq_len (256), not at each "
+            "unit's own (gemma3-270m: 640), since α₀ falls with T (issue 44)",
         ),
     )
     family_wise = f"{HOLM}, within each unit and question; the units and questions combine as the criterion says"

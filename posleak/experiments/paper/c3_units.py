@@ -202,8 +202,12 @@ def unit_config(repro: Reproduction, unit: Unit) -> AnalyzeConfig:
 
 
 def baseline_job(repro: Reproduction, unit: Unit, sample: str) -> AnalysisJob:
-    """The baseline of a unit on `sample`: on the selection sample, or on A or B in its role's other BOS setting."""
-    return repro.job(unit.folder, repro.plan.roles[unit.role].model, unit_config(repro, unit), sample)
+    """The baseline of a unit on `sample`: on the selection sample (at the plan's sink_seq_len, where every claim
+    chooses its sink heads), or on A or B in its role's other BOS setting."""
+    config = unit_config(repro, unit)
+    if sample == SELECTION:
+        config = config.replace(seq_len=repro.plan.sink_seq_len)
+    return repro.job(unit.folder, repro.plan.roles[unit.role].model, config, sample)
 
 
 def unit_jobs(repro: Reproduction, unit: Unit, design: Design, sample: str) -> dict[str, AnalysisJob]:

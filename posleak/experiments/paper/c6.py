@@ -23,13 +23,13 @@ import pandas as pd
 import torch
 from transformers import PreTrainedModel
 
-from posleak.capture import CaptureSession, QueryStats, ResidualCapture
+from posleak.capture import CaptureSession, ResidualCapture
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.data.batches import TokenBatch, iter_batches, without_bos
 from posleak.experiments.evidence import Estimate, sequence_mean
 from posleak.experiments.paper.claim import ACROSS_CORPORA, BY_DOCUMENT, HOLM_RULE, REPLICATED, ClaimModule, quote
 from posleak.experiments.paper.plan import FINGERPRINT_ROLES, ROLE_NAMES, SAMPLES, SHOWN, RoleName
-from posleak.experiments.paper.reproduction import SELECTION, Reproduction, SampleRuns, selection_seqs
+from posleak.experiments.paper.reproduction import SELECTION, Reproduction, SampleRuns
 from posleak.experiments.paper.verdict import Judgement, Revision, fact, judge, row
 from posleak.intervene import Interventions
 from posleak.intervene.patching import source_token
@@ -68,23 +68,34 @@ C6_CRITERION = (
     "those of as many matched non-sink heads does (paired difference of the two changes, interval below 0; the "
     "controls' own change reported); not consistent if any interval lies wholly on the other side (Holm over the "
     "deciding rows); inconclusive otherwise. Sink heads (α₀ > "
-    f"{SINK_THRESHOLD}) and controls are chosen on the selection sample's variants, disjoint from the samples that "
-    "judge: for each sink head, in order of layer, the unused non-sink head of its layer, else of the nearest layer "
-    "with one left, whose α₀ is nearest its own. A model with no sink head, or with fewer non-sink heads than sink "
-    "heads, is untestable: reported, not deciding (no testable model: inconclusive). h_0's constancy with and "
-    "without a BOS (closed by construction) is reported, not judged."
+    f"{SINK_THRESHOLD}) and controls are chosen on the model's baseline on the selection sample at the plan's "
+    "sink_seq_len (T = 256 in both plans, as for every claim), disjoint from the samples that judge: for each sink "
+    "head, in order of layer, the unused non-sink head of its layer, else of the nearest layer with one left, whose "
+    "α₀ is nearest its own. A model with no sink head, or with fewer non-sink heads than sink heads, is "
+    "untestable: reported, not deciding (no testable model: inconclusive). h_0's constancy with and without a BOS "
+    "(closed by construction) is reported, not judged."
 )
 
 
 @dataclass(frozen=True)
 class ProbeHeads:
-    """The heads whose reads of key 0 one model's probe removes, chosen on the selection sample's variants (disjoint
-    from the samples that judge): its sink heads (α₀ > ε) and their matched non-sink controls (`probe_controls`;
-    None where the non-sink heads are too few to match every sink head), by layer; α₀ of every head, (L, H)."""
+    """The heads whose reads of key 0 one model's probe removes, chosen on its baseline on the selection sample at
+    the plan's sink_seq_len (disjoint from the samples that judge; `select_heads`): its sink heads (α₀ > ε) and
+    their matched non-sink controls (`probe_controls`; None where the non-sink heads are too few to match every
+    sink head), by layer; α₀ of every head, (L, H)."""
 
     sinks: dict[int, tuple[int, ...]]
     controls: dict[int, tuple[int, ...]] | None
     sink_score: torch.Tensor
+
+    @classmethod
+    def of(cls, sink_score: torch.Tensor) -> ProbeHeads:
+        """The sink heads of α₀ `sink_score` (L, H), the last layer included (the probe reads its output), and
+        their controls."""
+        sinks = {
+            layer: tuple((row > SINK_THRESHOLD).nonzero().flatten().tolist()) for layer, row in enumerate(sink_score)
+        }
+        return cls(sinks, probe_controls(sink_score), sink_score)
 
     def untestable(self) -> str | None:
         """Why the model cannot test C6 (None: it can)."""
@@ -201,15 +212,6 @@ def claim_c6(probes: Mapping[str, IdentityProbe]) -> Judgement:
     return judge(rows)
 
 
-def choose_heads(model: PreTrainedModel, ids: torch.Tensor, candidates: Sequence[int], batch_size: int) -> ProbeHeads:
-    """The sink heads of `model` (α₀ > ε over the first-token variants of `ids`, the selection sample's: the setting
-    the probe runs in; the last layer included, since the probe reads its output) and their matched controls."""
-    stats = QueryStats(entropy=False)
-    variant_states(model, ids, candidates, PROBE_POSITIONS[-1:], batch_size, accumulators=[stats])
-    found = stats.result()
-    return ProbeHeads(found.sink_heads_by_layer(), probe_controls(found.sink_score), found.sink_score)
-
-
 def probe_identity(
     model: PreTrainedModel,
     ids: torch.Tensor,
@@ -249,30 +251,33 @@ def fingerprint_models(repro: Reproduction) -> tuple[dict[str, RoleName], dict[s
 
 
 def _probe_inputs(
-    repro: Reproduction, role: RoleName, sample: str, num_seqs: int
+    repro: Reproduction, role: RoleName, sample: str
 ) -> tuple[LoadedModel, TokenBatch, list[int], AnalyzeConfig]:
-    """The model of `role`, `num_seqs` sequences of T = FINGERPRINT_SEQ_LEN of `sample` without a BOS, the first
-    tokens' ids and the config that drew them."""
+    """The model of `role`, `fingerprint_seqs` sequences of T = FINGERPRINT_SEQ_LEN of `sample` without a BOS, the
+    first tokens' ids and the config that drew them."""
     model = repro.plan.roles[role].model
     loaded = repro.model(model)
-    config = repro.config(role, seq_len=FINGERPRINT_SEQ_LEN, num_seqs=num_seqs, bos="off")
+    config = repro.config(role, seq_len=FINGERPRINT_SEQ_LEN, num_seqs=repro.plan.fingerprint_seqs, bos="off")
     vocab = loaded.facts.vocab_size
     candidates = [source_token(loaded.tokenizer, word, vocab, "C6's first token") for word in FIRST_TOKENS]
     return loaded, repro.sample(model, config, sample), candidates, config
 
 
 def select_heads(repro: Reproduction, role: RoleName) -> ProbeHeads:
-    """The sink heads and matched controls of the model of `role`, chosen on the selection sample (as many
-    sequences as it takes beside `fingerprint_seqs` on A and B), which judges nothing."""
-    num_seqs = selection_seqs(repro.plan.fingerprint_seqs)
-    loaded, batch, candidates, _ = _probe_inputs(repro, role, SELECTION, num_seqs)
-    return choose_heads(loaded.model, batch.ids, candidates, repro.plan.batch_size)
+    """The sink heads and matched controls of the model of `role`, from its baseline on the selection sample at the
+    plan's sink_seq_len, where every claim chooses its sink heads (for C3's roles the very run C3 chose its heads
+    on: read back, not run again), which judges nothing."""
+    spec = repro.plan.roles[role]
+    config = repro.config(role, seq_len=repro.plan.sink_seq_len)
+    (selection,) = repro.run([repro.job(spec.folder, spec.model, config, SELECTION)])
+    scores = selection.per_head.pivot(index="layer", columns="head", values="sink_score")
+    return ProbeHeads.of(torch.tensor(scores.to_numpy(), dtype=torch.float64))
 
 
 def measure_probe(repro: Reproduction, role: RoleName, heads: ProbeHeads, sample: str) -> IdentityProbe:
     """The identity probe of the model of `role` on `fingerprint_seqs` sequences of one sample, without a BOS,
     removing the reads of key 0 of `heads`."""
-    loaded, batch, candidates, config = _probe_inputs(repro, role, sample, repro.plan.fingerprint_seqs)
+    loaded, batch, candidates, config = _probe_inputs(repro, role, sample)
     measure, units = config.measure, resampling_units(batch.documents)
     return probe_identity(
         loaded.model, batch.ids, candidates, heads, repro.plan.batch_size, measure.bootstrap, measure.seed, units
@@ -339,8 +344,8 @@ class C6(ClaimModule):
             "the selection sample and a third deciding row: the sinks' removal lowers the accuracy more than that "
             "of as many matched non-sink heads; a model with no sink head, or fewer non-sink heads than sink heads, "
             "is untestable and decides nothing (before: gemma3-270m was probed with its BOS forced off and its "
-            "'no sink head' row decided; at T = 32 most heads count as sinks, so the removal had no control; "
-            "issue 44)",
+            "'no sink head' row decided; at T = 32 most heads count as sinks, so the removal had no control); sink "
+            "heads of every claim chosen at one T, the plan's sink_seq_len (256), not at each run's own (issue 44)",
         ),
     )
     method = (
@@ -350,7 +355,8 @@ class C6(ClaimModule):
         "named first tokens, the hidden states at later positions classified by nearest class mean, held out by "
         "sequence; again with the sink heads' reads of key 0 removed (§9), and with those of as many matched "
         "non-sink heads (each of a sink head's layer or the nearest, with the nearest α₀), the heads chosen on the "
-        "selection sample. h_0's mean pairwise cosine across inputs, with and without a BOS, reported."
+        "model's baseline on the selection sample at the plan's sink_seq_len. h_0's mean pairwise cosine across "
+        "inputs, with and without a BOS, reported."
     )
 
     def measure(self, runs: Mapping[str, SampleRuns]) -> None:

@@ -54,6 +54,7 @@ COUNTS = (
     "lab_steps",
     "lab_seq_len",
     "lab_analyze_seqs",
+    "sink_seq_len",
     "batch_size",
 )
 LISTS = {"ntk_factors": float, "lab_seeds": int, "corpora": str}

@@ -91,6 +91,10 @@ class Plan:
     lab_seq_len: int
     lab_seeds: tuple[int, ...]
     lab_analyze_seqs: int
+    # T at which every claim chooses sink heads (α₀ > 0.3), on the selection sample, whatever T the runs judge at:
+    # α₀ is a mean over queries and falls as T grows (smollm2-135m: 219 of 270 heads at T = 32, 128–145 at 256),
+    # so a threshold at each run's own T moved which heads, and which layers, count (issue 44)
+    sink_seq_len: int
     batch_size: int = 4
     cross_documents: bool = False
     provisional: bool = False  # small samples: the report says its verdicts are provisional
@@ -148,6 +152,7 @@ QUICK = Plan(
     lab_seq_len=64,
     lab_seeds=(0, 1, 2, 3, 4),  # C4's lab line: intervals over seeds want several
     lab_analyze_seqs=16,
+    sink_seq_len=256,
     provisional=True,
 )
 FULL = Plan(
@@ -167,5 +172,6 @@ FULL = Plan(
     lab_seq_len=128,
     lab_seeds=(0, 1, 2, 3, 4),
     lab_analyze_seqs=32,
+    sink_seq_len=256,
     corpora=(DEFAULT_CORPUS, bible.NAME),  # every claim on both corpora, side by side (method §13)
 )

@@ -51,13 +51,13 @@ def sample_needs(plan: Plan) -> list[SampleNeed]:
         fix = f"the {role} role's num_seqs or seq_len"
         needs.append(SampleNeed(f"the {role} role's analyses", role, seq_len, num_seqs, "auto", SAMPLES, fix))
         if role in C3_ROLES:
-            selection = selection_seqs(num_seqs)
-            what = f"C3's selection of the {role} model's sink heads"
-            needs.append(SampleNeed(what, role, seq_len, selection, "auto", (SELECTION,), fix))
+            selection, sink_t = selection_seqs(num_seqs), plan.sink_seq_len
+            what = f"C3's and C6's selection of the {role} model's sink heads"
+            needs.append(SampleNeed(what, role, sink_t, selection, "auto", (SELECTION,), fix))
             if plan.c3_both_bos:
                 what = f"C3's {role} model without a BOS"
                 needs.append(SampleNeed(what, role, seq_len, num_seqs, "off", SAMPLES, fix))
-                needs.append(SampleNeed(what, role, seq_len, selection, "off", (SELECTION,), fix))
+                needs.append(SampleNeed(what, role, sink_t, selection, "off", (SELECTION,), fix))
     seq_len, num_seqs = plan.size("sliding")
     what, fix = "C4's standard model at the sliding role's T", "the sliding role's num_seqs or seq_len"
     needs.append(SampleNeed(what, "standard", seq_len, num_seqs, "auto", SAMPLES, fix))
@@ -66,9 +66,10 @@ def sample_needs(plan: Plan) -> list[SampleNeed]:
         needs.append(
             SampleNeed(what, role, FINGERPRINT_SEQ_LEN, plan.fingerprint_seqs, "off", SAMPLES, "fingerprint_seqs")
         )
-        selection = selection_seqs(plan.fingerprint_seqs)
-        what = f"C6's selection of the {role} model's sink heads and controls"
-        needs.append(SampleNeed(what, role, FINGERPRINT_SEQ_LEN, selection, "off", (SELECTION,), "fingerprint_seqs"))
+        if role not in C3_ROLES:  # C3's roles share their selection baseline with C6 (above)
+            seq_len, num_seqs = plan.size(role)
+            what, fix = f"C6's selection of the {role} model's sink heads", f"the {role} role's num_seqs"
+            needs.append(SampleNeed(what, role, plan.sink_seq_len, selection_seqs(num_seqs), "auto", (SELECTION,), fix))
     return needs
 
 
