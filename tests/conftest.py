@@ -2,6 +2,8 @@
 
 Ray: `ray_faults` starts a local cluster (2 CPUs) whose workers can be told to die (tests/ray_hooks.py).
 
+`checkpoint`: a tiny Llama saved as a checkpoint folder, and a corpus of its words.
+
 Built-in models: `zoo_model(name)` fetches a model into the default cache (idempotent: later
 sessions only verify it) and loads it once per session; `smollm2` and `gemma3` are the two that
 tests use. The loaded models are shared: leave their weights, config and attention as you found them.
@@ -13,7 +15,9 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+from tiny import tiny_model, tiny_tokenizer
 
 from posleak.models.load import LoadedModel, load_model
 from posleak.models.zoo import cache_root, fetch
@@ -42,6 +46,19 @@ def smollm2(zoo_model: Callable[[str], LoadedModel]) -> LoadedModel:
 @pytest.fixture(scope="session")
 def gemma3(zoo_model: Callable[[str], LoadedModel]) -> LoadedModel:
     return zoo_model("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny Llama checkpoint folder (tests/tiny.py; safetensors, word-level tokenizer with a BOS) and a corpus of
+    its words."""
+    root = tmp_path_factory.mktemp("intervene")
+    folder = root / "tiny-llama"
+    tiny_model("llama").save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    corpus = root / "words.txt"
+    corpus.write_text(" ".join(f"w{k}" for k in np.random.default_rng(0).integers(2, 96, 3000)))
+    return folder, corpus
 
 
 @pytest.fixture

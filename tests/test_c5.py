@@ -4,11 +4,12 @@ side of the band."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from tiny import tiny_model, tiny_tokenizer
 
 from posleak.commands.intervene import intervene
 from posleak.experiments.evidence import Estimate, mean_square, share_removed
@@ -100,15 +101,13 @@ def test_the_share_removed_is_the_brute_force_share_of_the_squared_component_and
 
 
 @pytest.fixture(scope="module")
-def replaced_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[AnalysisResult, AnalysisResult, pd.DataFrame]:
+def replaced_run(
+    tmp_path_factory: pytest.TempPathFactory, checkpoint: tuple[Path, Path]
+) -> tuple[AnalysisResult, AnalysisResult, pd.DataFrame]:
     """A tiny Llama (word-level tokenizer with a BOS) run by `posleak intervene` with its BOS embedding replaced
     by the vocabulary mean: baseline, replaced run and the behaviour table the command writes."""
     root = tmp_path_factory.mktemp("c5")
-    folder = root / "tiny-llama"
-    tiny_model("llama").save_pretrained(folder)
-    tiny_tokenizer().save_pretrained(folder)
-    corpus = root / "words.txt"
-    corpus.write_text(" ".join(f"w{k}" for k in np.random.default_rng(0).integers(2, 96, 3000)))
+    folder, corpus = checkpoint
     config = AnalyzeConfig(
         seq_len=40,
         num_seqs=6,

@@ -619,18 +619,6 @@ def test_effect_without_a_bootstrap_has_no_interval() -> None:
 # ------------------------------------------------------------------------------------ intervene() end to end
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A tiny Llama checkpoint folder (safetensors, word-level tokenizer with a BOS) and a corpus of its words."""
-    root = tmp_path_factory.mktemp("intervene")
-    folder = root / "tiny-llama"
-    tiny_model("llama").save_pretrained(folder)
-    tiny_tokenizer().save_pretrained(folder)
-    corpus = root / "words.txt"
-    corpus.write_text(" ".join(f"w{k}" for k in np.random.default_rng(0).integers(2, 96, 3000)))
-    return folder, corpus
-
-
 def _assert_effect_file_matches_the_runs(out: Path) -> None:
     """effect.parquet against 100·(intervened/baseline − 1) of the two runs' per_layer.parquet, per layer and for
     the ratio of the means over layers."""
