@@ -1,6 +1,7 @@
 """How wide the deciding rows' 95% intervals are against their values, in a reproduction's claims.json.
 
-For every deciding row of every sample (the rows a verdict is judged on) with a finite interval: its relative width
+For every deciding row of every sample, and of every part judged once (C4's lab, counted once: `Claim.once`), with
+a finite interval (the rows a verdict is judged on): its relative width
 (high − low) / |value|. Prints the count, the median and the quartiles, the rows whose interval is a point
 (high = low: a bootstrap that degenerated) and the rows with no interval (fewer documents than an interval needs,
 docs/method.md §6). docs/performance.md and docs/method.md §6 quote it for `make run`'s claims.json.
@@ -19,11 +20,12 @@ import numpy as np
 
 
 def deciding_rows(claims: list[dict]) -> list[tuple[str, str, dict]]:
-    """(claim, sample, row) of every deciding row with a number, in the file's order."""
+    """(claim, sample or part, row) of every deciding row with a number, in the file's order: the samples', then
+    the parts judged once (none in files older than `Claim.once`)."""
     return [
-        (claim["claim"], sample, row)
+        (claim["claim"], name, row)
         for claim in claims
-        for sample, judged in claim["samples"].items()
+        for name, judged in [*claim["samples"].items(), *claim.get("once", {}).items()]
         for row in judged["evidence"]
         if row.get("deciding") and isinstance(row.get("value"), int | float)
     ]
