@@ -618,6 +618,20 @@ def test_claim_c1_and_c2_verdicts(models: dict[str, AnalysisResult], verdict: st
     assert rows.loc["a: resid_all", "lo"] > 0.05
 
 
+def test_c1_reports_the_residual_stream_component_split_by_keys_beside_it() -> None:
+    """resid_all's key-0 column and the rest, their layer means (0.45 and 0.2 nats here, against the numpy mean of
+    each layer's value), stand beside it as reported rows: they decide nothing, the verdict is resid_all's and
+    mask_all's; a run without the split columns (written before it) shows none."""
+    values = {"resid_all": [0.5] * 4, "mask_all": [0.3] * 4, "resid_all_key0": [0.4, 0.5, 0.4, 0.5]}
+    split, _ = _run(values | {"resid_all_rest": [0.1, 0.3, 0.2, 0.2]}, 0.1, seed=2)
+    rows = claim_c1({"a": split, "b": PRESENT}).evidence.set_index("evidence")
+    assert rows.loc["a: resid_all, its key-0 column", "value"] == pytest.approx(np.mean([0.4, 0.5, 0.4, 0.5]))
+    assert rows.loc["a: resid_all, without key 0", "value"] == pytest.approx(0.2)
+    assert not rows.loc[["a: resid_all, its key-0 column", "a: resid_all, without key 0"], "deciding"].any()
+    assert not any(name.startswith("b: resid_all, ") for name in rows.index)
+    assert claim_c1({"a": split, "b": PRESENT}).verdict == "consistent"
+
+
 # Nulls of PRESENT's sequences: the residual-stream magnitude (0.5 nats, ±5% per resample) far below, at, or above
 # the text's; the causal-mask one at 0.9 nats on every null, above the text's 0.3 (it is shown, never deciding).
 FLOOR = {kind: _model(0.2, 0.9, 0.9, spread=0.05, seed=s) for s, kind in enumerate(("shuffle", "shift"))}

@@ -25,6 +25,9 @@ from posleak.report import figures
 
 MIN_MAGNITUDE = 0.05  # nats: C1, C2. A log-attention term of 0.05 nats moves attention weights by about 5%.
 MEASURES = ("resid_all", "mask_all")
+# resid_all split by keys (docs/method.md §3: resid² = key0² + rest²), reported beside it: how much of the
+# residual-stream component is the column of key 0, a sink's, and how much the other keys carry
+KEY_PARTS = {"key0": "its key-0 column", "rest": "without key 0"}
 # The null whose share of the residual-stream component is reported (docs/method.md §13–14): the same rows with
 # their tokens shuffled keep the mask, position 0 and the sinks, the paper's own mechanism, and lose only word
 # order. So it attributes rather than decides: the share that needs no order, which that mechanism predicts to be
@@ -55,10 +58,27 @@ def claim_c1(
         for measure in MEASURES:
             estimate = layer_mean(result, measure)
             rows.append(row(f"{label}: {measure}", estimate, MIN_MAGNITUDE, "above", "nats"))
-            rows += null_rows(label, measure, own)
+            rows += key_rows(label, measure, result) + null_rows(label, measure, own)
         if ATTRIBUTED_NULL in own:
             rows.append(orderless_share(label, result, own[ATTRIBUTED_NULL]))
     return judge(rows)
+
+
+def key_rows(label: str, measure: str, result: AnalysisResult) -> list[dict[str, Any]]:
+    """A residual-stream magnitude's key-0 column and the rest (layer means), reported (not deciding); none for
+    the mask's, which has no such split, or for a run written before the split."""
+    return [
+        row(
+            f"{label}: {measure}, {what}",
+            layer_mean(result, f"{measure}_{part}"),
+            MIN_MAGNITUDE,
+            "above",
+            "nats",
+            False,
+        )
+        for part, what in KEY_PARTS.items()
+        if f"{measure}_{part}" in result.per_layer
+    ]
 
 
 def null_rows(label: str, measure: str, nulls: Mapping[str, AnalysisResult]) -> list[dict[str, Any]]:
@@ -111,7 +131,7 @@ class C1(ClaimModule):
     )
     method = (
         "The decomposition of each model's mean log-attention by rows into g(d), c(i) and w(i, d) (docs/method.md "
-        "§2–3); the magnitudes averaged over layers."
+        "§2–3); the magnitudes averaged over layers, resid_all's key-0 column and the rest beside it."
     )
 
     def judge(self, runs: SampleRuns, sample: str) -> Judgement:
