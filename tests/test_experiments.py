@@ -165,7 +165,7 @@ def test_claims_json_has_a_verdict_and_the_evidence_of_both_samples(paper: Path)
     c5 = next(c for c in claims if c["claim"] == "C5")
     rows = c5["samples"]["A"]["evidence"]
     deciding = [row["evidence"] for row in rows if row["deciding"]]
-    assert deciding == [removed_name(DECIDING)]  # the replacement named before the data
+    assert deciding == [removed_name(DECIDING)]  # the one replacement that decides
     assert len(rows) == 3 * 2 * len(KEY_PARTS)  # per replacement: the whole's band row, two parts', three changes
     numbers = c5["numbers"]["A"]["replacements"]
     assert set(numbers) == {"mean", "random", "zero"} and set(numbers["mean"]) == set(KEY_PARTS)

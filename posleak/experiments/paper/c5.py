@@ -48,7 +48,8 @@ from posleak.report.html import TableBlock
 PAPER_BOS_REMOVED = 40.0  # the paper's "about 40%" of the early residual-stream component
 BOS_TOLERANCE = 20.0  # points either side of the paper's figure that still count as meeting it
 BOS_BAND = (PAPER_BOS_REMOVED - BOS_TOLERANCE, PAPER_BOS_REMOVED + BOS_TOLERANCE)
-# The one replacement that decides, named before the data (docs/method.md §13): the vocabulary mean takes away
+# The one replacement that decides, named on 2026-12-03 (docs/method.md §13; all three had run since 2026-11-30,
+# so its interval had been seen, and the criterion is dated as revised): the vocabulary mean takes away
 # what the BOS token is while keeping an embedding of the scale and direction a token has; zeros (no input at all)
 # and a random vector of the same norm (off the embeddings' manifold) change more than the token, so they are
 # reported beside it. Deciding by whichever of three replacements lands in the band was a forking path.
@@ -62,7 +63,7 @@ C5_CRITERION = (
     f"removed = the % of the early residual-stream component's square removed, 100·(1 − resid_early²(replaced) / "
     f"resid_early²(baseline)), squares the mean over layers of each layer's mean square over heads and pairs (so "
     f"that they add over key 0 and the other keys), for the BOS embedding replaced by the vocabulary {DECIDING} "
-    f"(named before the data; random and zero are reported, not judged). Consistent if its 95% interval lies "
+    f"(named on 2026-12-03; random and zero are reported, not judged). Consistent if its 95% interval lies "
     f"inside [{BOS_BAND[0]:g}%, {BOS_BAND[1]:g}%] (the paper's {PAPER_BOS_REMOVED:g}% ± {BOS_TOLERANCE:g}); not "
     "consistent if it lies wholly outside that band; else inconclusive. Reported beside it: the part removed through "
     "the key-0 column and through the other keys (% of the same resid_early², adding to it), each magnitude's "
