@@ -16,7 +16,7 @@ from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.experiments.evidence import Estimate
 from posleak.experiments.paper import render
 from posleak.experiments.paper.c1 import MIN_MAGNITUDE
-from posleak.experiments.paper.c4 import LAB, LabRuns, claim_c4_lab
+from posleak.experiments.paper.c4_lab import LAB, LabRuns, claim_c4_lab
 from posleak.experiments.paper.corpora import side_by_side
 from posleak.experiments.paper.verdict import Claim, Judgement, can_test, judge, once_verdict, row
 from posleak.pipeline import AnalysisResult

@@ -41,19 +41,18 @@ from posleak.experiments.paper.c3_units import (
     sink_heads,
     unit_rows,
 )
-from posleak.experiments.paper.c4 import WindowComparison, claim_c4, claim_c4_lab, lab_runs
+from posleak.experiments.paper.c4 import WindowComparison, claim_c4
+from posleak.experiments.paper.c4_lab import claim_c4_lab, lab_runs
 from posleak.experiments.paper.c5 import DECIDING, KEY_PARTS, removed_name
-from posleak.experiments.paper.c6 import (
-    C6,
+from posleak.experiments.paper.c6 import C6, MIN_EFFECT, claim_c6
+from posleak.experiments.paper.c6_probe import (
     CHANCE,
     FINGERPRINT_SEQ_LEN,
     FIRST_TOKENS,
     IDENTITY_COLUMNS,
-    MIN_EFFECT,
     PROBE_POSITIONS,
     IdentityProbe,
     ProbeHeads,
-    claim_c6,
     probe_controls,
     probe_identity,
 )

@@ -13,7 +13,6 @@ windowed model and the model without a window at the same T, both measured on W 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +23,17 @@ import pandas as pd
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.experiments.batch import AnalysisJob
 from posleak.experiments.compare import summarise
-from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, percent_change, seed_mean
+from posleak.experiments.evidence import Estimate, depth_slope, percent_change
 from posleak.experiments.paper.c1 import MIN_MAGNITUDE
+from posleak.experiments.paper.c4_lab import (
+    LAB,
+    LABEL,
+    MIN_NTK_LOWERING,
+    SLOPE_UNIT,
+    TRAINED,
+    claim_c4_lab,
+    lab_runs,
+)
 from posleak.experiments.paper.claim import (
     ACROSS_CORPORA,
     BY_DOCUMENT,
@@ -39,31 +47,9 @@ from posleak.experiments.paper.claim import (
 from posleak.experiments.paper.plan import SHOWN
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
 from posleak.experiments.paper.verdict import Judgement, Revision, fact, judge, row
-from posleak.lab.plan import run_trials
-from posleak.lab.trainer import TrainConfig
-from posleak.lab.trial import EvalConfig, Trial, trial_folder
-from posleak.models.lab.config import LabSpec
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
 from posleak.report.html import TableBlock
-from posleak.store import RunFolder
-
-MIN_NTK_LOWERING = 2.0  # %: the least lowering by inference-time NTK scaling that counts as suppression
-# The lab's models: trained with full causal RoPE, a sliding window of T/4 and a large RoPE base (θ·K^(D/(D−2)) from
-# the start of training: not NTK scaling), and the RoPE-trained model under NTK scaling ×K at inference ("ntk").
-TRAINED = ("rope", "window", "large-base")
-LAB_VARIANTS = (*TRAINED, "ntk")
-SLOPE_UNIT = "nats per depth"
-TO_TEST = f"sink head and resid_all > {MIN_MAGNITUDE} to test"
-LAB = "lab"  # the name of the claim's part judged once (Claim.once), not per sample
-# Each lab line of evidence, the trained models it reads (the "ntk" model is the rope one's weights), and whether it
-# decides: the large-base model is not NTK scaling, so its line is reported beside the others, as the pretrained
-# large-base model is.
-LAB_LINES: dict[str, tuple[tuple[str, ...], bool]] = {
-    "window": (("window", "rope"), True),
-    "NTK at inference": (("rope",), True),
-    "large base": (("large-base", "rope"), False),
-}
 
 C4_CRITERION = (
     "Four lines of evidence, each judged on its interval; consistent only when all that can test support the claim. "
@@ -88,11 +74,6 @@ C4_CRITERION = (
 
 
 WINDOW_ROW = "(2) slope beyond the window"  # the start of the name of the pretrained models' window comparison
-# Which magnitude each comparison of slopes is judged on: past the window, or over all queries
-COMPARED = {("window", "rope"): "resid_beyond", ("rope", "ntk"): "resid_all"}
-# The lab line each comparison of slopes belongs to
-COMPARED_LINE = {("window", "rope"): "window", ("rope", "ntk"): "NTK at inference"}
-LABEL = {"rope": "rope", "window": "window", "large-base": "large base", "ntk": "NTK at inference"}
 
 
 @dataclass(frozen=True)
@@ -119,74 +100,6 @@ class WindowComparison:
         return f"i ≥ {self.window}, T = {self.seq_len}"
 
 
-@dataclass(frozen=True)
-class Testability:
-    """Whether the mechanism under test exists in one lab variant's trained models: each seed's largest α₀ (sink
-    score) and the seed mean of the layer-mean noise-corrected resid_all."""
-
-    variant: str
-    sinks: tuple[float, ...]  # per seed, the largest α₀ of the model's heads
-    resid: Estimate
-
-    @property
-    def problems(self) -> list[str]:
-        """Why the variant cannot test the claim; none where it can."""
-        problems = []
-        if min(self.sinks) <= SINK_THRESHOLD:
-            weakest = min(self.sinks)
-            problems.append(f"largest α₀ {weakest:.2f} in its weakest seed, no sink head (α₀ > {SINK_THRESHOLD})")
-        lo, hi = self.resid.interval
-        if lo <= MIN_MAGNITUDE:
-            problems.append(f"resid_all {lo:.3f} to {hi:.3f} nats, not above {MIN_MAGNITUDE} nats")
-        return problems
-
-    def to_json(self) -> dict[str, Any]:
-        lo, hi = self.resid.interval
-        return {
-            "variant": self.variant,
-            "largest_alpha0_by_seed": list(self.sinks),
-            "resid_all": self.resid.value,
-            "resid_all_lo": lo,
-            "resid_all_hi": hi,
-            "testable": not self.problems,
-        }
-
-
-@dataclass(frozen=True)
-class LabRuns:
-    """The controlled C4 experiment: per variant (LAB_VARIANTS), one analysis per seed, every variant measured
-    beyond the window variant's window too."""
-
-    runs: dict[str, list[AnalysisResult]]
-
-    def slope(self, variant: str, measure: str = "resid_all") -> Estimate:
-        return seed_mean([depth_slope(result, measure) for result in self.runs[variant]])
-
-    def seeds_ordered(self, high: str, low: str, measure: str = "resid_all") -> bool:
-        highs = [depth_slope(r, measure).value for r in self.runs[high]]
-        lows = [depth_slope(r, measure).value for r in self.runs[low]]
-        return min(highs) > max(lows)
-
-    def level_change(self, variant: str, baseline: str) -> Estimate:
-        """% change of the layer-mean resid_all, seed by seed (same seed, same evaluation rows: paired), averaged."""
-        pairs = zip(self.runs[baseline], self.runs[variant], strict=True)
-        return seed_mean([percent_change(base, new, "resid_all") for base, new in pairs])
-
-    def testability(self, variant: str) -> Testability:
-        runs = self.runs[variant]
-        sinks = tuple(float(run.per_head["sink_score"].max()) for run in runs)
-        return Testability(variant, sinks, seed_mean([layer_mean(run, "resid_all") for run in runs]))
-
-    def untestable(self) -> dict[str, list[str]]:
-        """Per deciding lab line that cannot test the claim, why (each of its trained models' problems)."""
-        found = {}
-        for line, (variants, deciding) in LAB_LINES.items():
-            why = [f"{LABEL[v]}: {p}" for v in variants for p in self.testability(v).problems]
-            if deciding and why:
-                found[line] = why
-        return found
-
-
 def claim_c4(
     ntk_change: Estimate,
     slopes: Mapping[str, Estimate],
@@ -210,114 +123,6 @@ def claim_c4(
     for name, estimate in {**slopes, **(reported or {})}.items():
         rows.append(row(f"slope: {name}", estimate, 0.0, "above", SLOPE_UNIT, deciding=False))
     return judge(rows)
-
-
-def claim_c4_lab(lab: LabRuns) -> Judgement:
-    """Lines (3) and (4), judged once on the lab's seeds: first each trained variant's testability, then each
-    line's rows, deciding only where the line can test the claim (`LabRuns.untestable`); the large-base line and
-    the seed means of every variant's slopes are reported."""
-    untestable = lab.untestable()
-    rows = [*_testability_rows(lab)]
-    for line, why in untestable.items():
-        rows.append(_reported(fact(f"lab {line} line: untestable ({'; '.join(why)})", 0, False, False, TO_TEST)))
-    for (high, low), measure in COMPARED.items():
-        where = " beyond the window" if measure == "resid_beyond" else ""
-        change = lab.slope(high, measure).minus(lab.slope(low, measure))
-        deciding = COMPARED_LINE[(high, low)] not in untestable
-        name = f"(3) lab slope{where}: {LABEL[high]} − {LABEL[low]}"
-        difference = row(name, change, 0.0, "above", SLOPE_UNIT, deciding=deciding)
-        if difference["says"] == "supports" and not lab.seeds_ordered(high, low, measure):
-            difference["says"] = "unclear"  # the seed means agree, single seeds do not
-        rows.append(difference)
-    ntk = lab.level_change("ntk", "rope")
-    deciding = "NTK at inference" not in untestable
-    name = "(4) lab: NTK at inference against none, resid_all"
-    rows.append(row(name, ntk, -MIN_NTK_LOWERING, "below", "%", deciding))
-    large = lab.slope("rope").minus(lab.slope("large-base"))
-    rows.append(row("lab slope: rope − large base (trained)", large, 0.0, "above", SLOPE_UNIT, deciding=False))
-    level = lab.level_change("large-base", "rope")
-    rows.append(row("lab: large base (trained) against rope, resid_all", level, -MIN_NTK_LOWERING, "below", "%", False))
-    for variant in LAB_VARIANTS:
-        name = f"lab slope: {LABEL[variant]} (seed mean)"
-        rows.append(row(name, lab.slope(variant), 0.0, "above", SLOPE_UNIT, deciding=False))
-        beyond = lab.slope(variant, "resid_beyond")
-        name = f"lab slope beyond the window: {LABEL[variant]} (seed mean)"
-        rows.append(row(name, beyond, 0.0, "above", SLOPE_UNIT, deciding=False))
-    return judge(rows)
-
-
-def _testability_rows(lab: LabRuns) -> list[dict[str, Any]]:
-    """Per trained variant, reported: its weakest seed's largest α₀ against the sink threshold, and the seed mean
-    of its resid_all against C1's presence threshold."""
-    rows = []
-    for variant in TRAINED:
-        tested = lab.testability(variant)
-        weakest = min(tested.sinks)
-        has = weakest > SINK_THRESHOLD
-        name = f"lab {LABEL[variant]}: largest α₀, weakest seed"
-        rows.append(_reported(fact(name, weakest, has, not has, f"> {SINK_THRESHOLD}")))
-        name = f"lab {LABEL[variant]}: resid_all (mean over layers, seed mean)"
-        rows.append(row(name, tested.resid, MIN_MAGNITUDE, "above", "nats", deciding=False))
-    return rows
-
-
-def _reported(evidence: dict[str, Any]) -> dict[str, Any]:
-    """A row that reports and decides nothing (an exact one: `fact` writes deciding rows)."""
-    return {**evidence, "deciding": False}
-
-
-def lab_runs(repro: Reproduction) -> LabRuns:
-    """C4's controlled line: an 8-layer lab decoder trained with full causal RoPE, a sliding window of T/4 and a
-    large base (θ·K^(D/(D−2)) from the start, K the largest NTK factor), same data, steps and seeds; each analysed,
-    and the RoPE-trained one analysed again under NTK scaling ×K at inference (the same weights: no training)."""
-    plan = repro.plan
-    factor = max(plan.ntk_factors)
-    rope = LabSpec(size="deep")
-    specs = {
-        "rope": rope,
-        "window": LabSpec(size="deep", attention=f"window:{plan.lab_seq_len // 4}"),
-        "large-base": LabSpec(size="deep", rope_scaling=f"ntk:{factor:g}"),
-        "ntk": rope,
-    }
-    # the lab model's NTK scaling at inference: the formula of the rope_scaling intervention (θ·K^(D/(D−2)))
-    overrides = {"ntk": (("rope_scale_kind", "ntk"), ("rope_factor", factor))}
-    # every variant measured beyond the window variant's window as well (docs/method.md §3)
-    evaluation = EvalConfig(
-        length_multiples=(1,),
-        probe_seqs=8,
-        analyze_seqs=plan.lab_analyze_seqs,
-        bootstrap=plan.bootstrap,
-        beyond=plan.lab_seq_len // 4,
-    )
-    steps = plan.lab_steps
-    trials = [
-        Trial(
-            variant,
-            spec,
-            TrainConfig(
-                steps=steps,
-                seq_len=plan.lab_seq_len,
-                seed=seed,
-                device=plan.placement.device if plan.placement.device_map is None else "auto",
-                # TrainConfig's schedule (50, 100, 200), shortened for fewer steps
-                warmup_steps=min(50, max(1, steps // 4)),
-                eval_every=min(100, max(1, steps // 3)),
-                checkpoint_every=min(200, max(1, 2 * steps // 3)),
-            ),
-            evaluation,
-            overrides.get(variant, ()),
-        )
-        for variant, spec in specs.items()
-        for seed in plan.lab_seeds
-    ]
-    root = repro.lab
-    # as `posleak lab` does: trials side by side, one torch thread each (the same weights as one after another)
-    jobs = os.cpu_count() or 1
-    run_trials(trials, root, backend=repro.backend, address=repro.address, progress=repro.progress, jobs=jobs)
-    runs: dict[str, list[AnalysisResult]] = {variant: [] for variant in specs}
-    for trial in trials:
-        runs[trial.name].append(AnalysisResult.read(RunFolder(trial_folder(root, trial) / "analysis")))
-    return LabRuns(runs)
 
 
 def window_jobs(repro: Reproduction, runs: Mapping[str, SampleRuns]) -> dict[str, AnalysisJob]:

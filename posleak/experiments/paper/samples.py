@@ -17,7 +17,7 @@ from posleak.data.batches import part_documents, pos0_token, token_lengths
 from posleak.data.corpus import load_corpus
 from posleak.data.kinds import BosPolicy
 from posleak.experiments.paper.c3_units import C3_ROLES
-from posleak.experiments.paper.c6 import FINGERPRINT_SEQ_LEN, PROBE_ROLES
+from posleak.experiments.paper.c6_probe import FINGERPRINT_SEQ_LEN, PROBE_ROLES
 from posleak.experiments.paper.plan import ROLE_NAMES, SAMPLES, Plan, RoleName
 from posleak.experiments.paper.reproduction import PARTS, SELECTION, analysis_config, selection_seqs
 
