@@ -156,7 +156,18 @@ def test_claims_json_has_a_verdict_and_the_evidence_of_both_samples(paper: Path)
         assert claim["verdict"] in VERDICTS and claim["criterion"] and claim["family_wise"].startswith("Holm")
         assert set(claim["samples"]) == {"A", "B"}
         verdicts = [sample["verdict"] for sample in claim["samples"].values()]
-        assert claim["verdict"] == (verdicts[0] if verdicts[0] == verdicts[1] else "inconclusive")
+        replicated = verdicts[0] if verdicts[0] == verdicts[1] else "inconclusive"
+        # a part judged once (C4's lab) joins where it can test: consistent only where all are, not where any is not
+        parts = [replicated, *(o["verdict"] for o in claim["once"].values() if o["verdict"] != "not testable")]
+        joined = (
+            "consistent"
+            if set(parts) == {"consistent"}
+            else "not consistent"
+            if "not consistent" in parts
+            else "inconclusive"
+        )
+        assert claim["verdict"] == joined
+        assert set(claim["once"]) == ({"lab"} if claim["claim"] == "C4" else set())
         for sample in claim["samples"].values():
             assert sample["evidence"] and all(
                 row["says"] in {"supports", "contradicts", "unclear"} for row in sample["evidence"]
@@ -203,7 +214,8 @@ def test_position0_and_sink_ablation_tables(paper: Path) -> None:
         assert (gemma["fingerprint_cos_nobos"] < 1 - 1e-3).any()
         identity = pd.read_parquet(paper / f"identity_{sample}.parquet")
         assert list(identity.columns) == ["model", "layer", *IDENTITY_COLUMNS]
-        assert set(identity["model"]) == {"gemma3-270m", "smollm2-135m"}
+        # C6's fingerprint models: those whose tokenizer does not prepend a BOS (gemma3-270m's does)
+        assert set(identity["model"]) == {"smollm2-135m", "qwen2.5-coder-0.5b"}
         ablation = pd.read_parquet(paper / f"sink_ablation_{sample}.parquet")
         assert list(ablation.columns) == ["unit", "run", "head_count", "heads", "change_pct", "lo", "hi"]
         units = _c3_units(paper, sample)
@@ -329,7 +341,7 @@ def test_samples_share_no_document_and_claims_json_names_them(paper: Path) -> No
         rows_of[folder.name] = len(rows)
         bootstrap = manifest["measurement"]["bootstrap"]
         assert bootstrap["unit"] == "document" and bootstrap["units"] == len(rows), folder.name
-    # C6's probes draw from A and B, and its choice of heads from the selection sample, without a run folder
+    # C6's probes draw from A and B without a run folder (its heads come from C3's selection runs)
     assert all(used[s] <= named[s] for s in named)
     selection = [name.removesuffix("-selection") for name in rows_of if name.endswith("-selection")]
     assert selection and all(rows_of[f"{n}-selection"] == selection_seqs(rows_of[f"{n}-A"]) for n in selection)
