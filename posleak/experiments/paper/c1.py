@@ -66,7 +66,7 @@ def claim_c1(
 
 def key_rows(label: str, measure: str, result: AnalysisResult) -> list[dict[str, Any]]:
     """A residual-stream magnitude's key-0 column and the rest (layer means), reported (not deciding); none for
-    the mask's, which has no such split, or for a run written before the split."""
+    the mask's, which has no such split, or for a run whose tables lack the split (written before it)."""
     return [
         row(
             f"{label}: {measure}, {what}",
@@ -77,7 +77,7 @@ def key_rows(label: str, measure: str, result: AnalysisResult) -> list[dict[str,
             False,
         )
         for part, what in KEY_PARTS.items()
-        if f"{measure}_{part}" in result.per_layer
+        if all(f"{measure}_{part}" in table for table in (result.per_layer, result.bootstrap) if not table.empty)
     ]
 
 
