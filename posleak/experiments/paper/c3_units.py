@@ -264,7 +264,7 @@ def unit_rows(label: str, changes: Mapping[str, Estimate]) -> dict[str, list[dic
     if not changes:  # reported, deciding nothing: the unit is left out of each question (c3.over_units)
         untestable = f"untestable, no sink heads (α₀ > {SINK_THRESHOLD})"
         return {
-            q.key: [{**fact(f"{label}: ({q.key}) {untestable}", 0, False, False, "> 0 to test"), "deciding": False}]
+            q.key: [fact(f"{label}: ({q.key}) {untestable}", 0, False, False, "> 0 to test", deciding=False)]
             for q in QUESTIONS
         }
     rows = {q.key: question_rows(label, q, changes) for q in QUESTIONS}

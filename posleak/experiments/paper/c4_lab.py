@@ -122,7 +122,7 @@ def claim_c4_lab(lab: LabRuns) -> Judgement:
     untestable = lab.untestable()
     rows = [*_testability_rows(lab)]
     for line, why in untestable.items():
-        rows.append(_reported(fact(f"lab {line} line: untestable ({'; '.join(why)})", 0, False, False, TO_TEST)))
+        rows.append(fact(f"lab {line} line: untestable ({'; '.join(why)})", 0, False, False, TO_TEST, deciding=False))
     for (high, low), measure in COMPARED.items():
         where = " beyond the window" if measure == "resid_beyond" else ""
         change = lab.slope(high, measure).minus(lab.slope(low, measure))
@@ -158,15 +158,10 @@ def _testability_rows(lab: LabRuns) -> list[dict[str, Any]]:
         weakest = min(tested.sinks)
         has = weakest > SINK_THRESHOLD
         name = f"lab {LABEL[variant]}: largest α₀, weakest seed"
-        rows.append(_reported(fact(name, weakest, has, not has, f"> {SINK_THRESHOLD}")))
+        rows.append(fact(name, weakest, has, not has, f"> {SINK_THRESHOLD}", deciding=False))
         name = f"lab {LABEL[variant]}: resid_all (mean over layers, seed mean)"
         rows.append(row(name, tested.resid, MIN_MAGNITUDE, "above", "nats", deciding=False))
     return rows
-
-
-def _reported(evidence: dict[str, Any]) -> dict[str, Any]:
-    """A row that reports and decides nothing (an exact one: `fact` writes deciding rows)."""
-    return {**evidence, "deciding": False}
 
 
 def lab_runs(repro: Reproduction) -> LabRuns:

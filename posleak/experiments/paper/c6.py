@@ -79,8 +79,8 @@ def claim_c6(probes: Mapping[str, IdentityProbe]) -> Judgement:
         why = probe.heads.untestable()
         if why is not None:
             count = sum(map(len, probe.heads.sinks.values()))
-            untestable = fact(f"{label}: untestable: {why}", count, False, False, "≥ 1, 1 control each", "sink heads")
-            rows.append({**untestable, "deciding": False})
+            name, threshold = f"{label}: untestable: {why}", "≥ 1, 1 control each"
+            rows.append(fact(name, count, False, False, threshold, "sink heads", deciding=False))
         if probe.removed is None:
             continue
         deciding = why is None

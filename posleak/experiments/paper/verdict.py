@@ -259,13 +259,16 @@ def row(
     return {**dict(zip(EVIDENCE_COLUMNS, values, strict=True)), JUDGED: Judged(estimate, ((threshold, direction),))}
 
 
-def fact(evidence: str, value: float, holds: bool, fails: bool, threshold: str, unit: str = "") -> dict[str, Any]:
+def fact(
+    evidence: str, value: float, holds: bool, fails: bool, threshold: str, unit: str = "", deciding: bool = True
+) -> dict[str, Any]:
     """A row without an interval, for a property computed exactly (the closed system): it supports the
-    claim where it `holds`, contradicts it where it clearly `fails`, and is unclear in the band between."""
+    claim where it `holds`, contradicts it where it clearly `fails`, and is unclear in the band between; a row
+    that is not `deciding` reports (an untestable unit's)."""
     says: Says = "supports" if holds else "contradicts" if fails else "unclear"
     nan = float("nan")
     return dict(
-        zip(EVIDENCE_COLUMNS, (evidence, value, nan, nan, threshold, unit, says, True, exact_p(says)), strict=True)
+        zip(EVIDENCE_COLUMNS, (evidence, value, nan, nan, threshold, unit, says, deciding, exact_p(says)), strict=True)
     )
 
 
