@@ -20,7 +20,7 @@ from posleak.commands.analyze import analyze
 from posleak.data.batches import TokenBatch
 from posleak.data.kinds import BosPolicy
 from posleak.errors import PosleakError
-from posleak.intervene import Interventions
+from posleak.interventions import Interventions
 from posleak.measure import LAYER_MAGNITUDES
 from posleak.models.load import LoadedModel
 from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model, sequences_for

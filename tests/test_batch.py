@@ -17,7 +17,7 @@ from posleak.commands.analyze import analyze
 from posleak.errors import PosleakError
 from posleak.experiments import batch
 from posleak.experiments.batch import AnalysisJob, BatchSpec, run_analyses, run_batch
-from posleak.intervene import Interventions
+from posleak.interventions import Interventions
 from posleak.pipeline import AnalyzeConfig
 from posleak.store import RunFolder
 

@@ -25,7 +25,7 @@ from posleak.experiments.paper.c5 import (
     removed_name,
     replacement,
 )
-from posleak.intervene import Interventions
+from posleak.interventions import Interventions
 from posleak.pipeline import AnalysisResult, AnalyzeConfig
 
 KEY0, REST = f"{WHOLE}_key0", f"{WHOLE}_rest"

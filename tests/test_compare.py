@@ -18,7 +18,7 @@ from posleak.capture import use_posleak_attention
 from posleak.cli import main
 from posleak.data.batches import TokenBatch
 from posleak.experiments.compare import summarise
-from posleak.intervene import Interventions
+from posleak.interventions import Interventions
 from posleak.measure import LAYER_MAGNITUDES, measured_magnitudes
 from posleak.pipeline import AnalyzeConfig, analyze_model
 

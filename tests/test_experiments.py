@@ -70,8 +70,8 @@ from posleak.experiments.paper.reproduction import (
 )
 from posleak.experiments.paper.samples import document_problems
 from posleak.experiments.paper.verdict import Claim, across_corpora, fact, judge, replicated, row
-from posleak.intervene import Interventions
-from posleak.intervene.patching import source_token
+from posleak.interventions import Interventions
+from posleak.interventions.patching import source_token
 from posleak.measure.position0 import variant_states
 from posleak.models.load import LoadedModel
 from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model

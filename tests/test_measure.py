@@ -40,7 +40,7 @@ from posleak.capture.masks import MaskSpec
 from posleak.capture.residual import CLOSED_SYSTEM_RTOL
 from posleak.capture.store import CallFacts, CaptureFolder, LayerCapture, QKRecorder
 from posleak.experiments.evidence import sequence_mean
-from posleak.intervene import Interventions
+from posleak.interventions import Interventions
 from posleak.measure import (
     Decomposition,
     Grid,

@@ -104,7 +104,7 @@ class AttentionEdits:
     ablate_key0: layer → heads whose value vector at key 0, as read by queries i ≥ 1, is replaced
     ("zero" or the "mean" of the other keys' values in that sequence and head).
     output_edits: further edits of a call's output, applied in order after the ablation (an intervention
-    above this floor supplies them: posleak.intervene.key0, posleak.intervene.key0_reads).
+    above this floor supplies them: posleak.interventions.key0, posleak.interventions.key0_reads).
     """
 
     window: int | Literal["global"] | None = None

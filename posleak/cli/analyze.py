@@ -1,7 +1,7 @@
 """`posleak inspect`, `analyze`, `intervene`, `batch`, `compare` and `paper`: the measurement commands.
 
 The parsers import nothing heavy (torch, transformers, pandas take seconds): options that mirror a field of
-`AnalyzeConfig` or an intervention's option (posleak.intervene.registry, which makes those options) have no
+`AnalyzeConfig` or an intervention's option (posleak.interventions.registry, which makes those options) have no
 argparse default (`argparse.SUPPRESS`), so the default of the field or option applies and is written in one place;
 the handlers import what they run.
 """
@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from posleak.data.kinds import BOS_POLICIES, GRIDS, NULLS
 from posleak.device import DEVICE_MAPS, DEVICES, DTYPES, Placement
-from posleak.intervene.registry import option_defaults, registered_options
+from posleak.interventions.registry import option_defaults, registered_options
 from posleak.runner import BACKENDS
 from posleak.store.jsonfile import dumps
 
 if TYPE_CHECKING:
-    from posleak.intervene import Interventions
+    from posleak.interventions import Interventions
     from posleak.pipeline import AnalyzeConfig
 
 
@@ -197,7 +197,7 @@ def placement_from(args: argparse.Namespace) -> Placement:
 
 
 def add_intervention_options(parser: argparse.ArgumentParser) -> None:
-    """One option for each registered intervention's options (posleak.intervene.registry), in its order."""
+    """One option for each registered intervention's options (posleak.interventions.registry), in its order."""
     group = parser.add_argument_group("interventions (docs/method.md §9)")
     for option in registered_options():
         if option.flag:
@@ -217,7 +217,7 @@ def given(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
 
 
 def interventions_from(args: argparse.Namespace) -> Interventions:
-    from posleak.intervene import Interventions
+    from posleak.interventions import Interventions
 
     return Interventions(**given(args, option_defaults()))
 

@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 from posleak.data.batches import TokenBatch, without_bos
-from posleak.intervene.spec import Interventions
+from posleak.interventions.spec import Interventions
 from posleak.measure import measured_magnitudes, percentile_interval
 from posleak.measure.behaviour import behaviour_lines, behaviour_table
 from posleak.models.load import LoadedModel

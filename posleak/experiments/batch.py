@@ -13,7 +13,7 @@ grid:                             # every combination of these values is one set
 ```
 
 Keys of `base` and `grid` are the options of `posleak analyze`, written as `AnalyzeConfig` and the
-interventions' options (posleak.intervene.registry) name them (`seed` sets both, as `--seed` does). Each
+interventions' options (posleak.interventions.registry) name them (`seed` sets both, as `--seed` does). Each
 model × setting is one run folder, OUT/runs/<name>, named by the model and the setting; a finished run is read
 back, never redone, and an interrupted one resumes from its checkpoint (the captures of its forwards, then each
 measured layer). The finished runs are gathered into one comparison, `posleak compare`'s table, figures and
@@ -39,8 +39,8 @@ from posleak.data.batches import TokenBatch
 from posleak.device import Placement
 from posleak.errors import BadInput, PosleakError
 from posleak.experiments.compare import compare_runs
-from posleak.intervene import Interventions
-from posleak.intervene.registry import option_defaults
+from posleak.interventions import Interventions
+from posleak.interventions.registry import option_defaults
 from posleak.models.load import LoadedModel
 from posleak.pipeline import (
     AnalysisResult,

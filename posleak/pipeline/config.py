@@ -13,7 +13,7 @@ from typing import Any
 from posleak.data.kinds import GRIDS, GridKind
 from posleak.data.recipe import Recipe, seed_problems
 from posleak.device import Placement, budget_problems
-from posleak.intervene import Interventions
+from posleak.interventions import Interventions
 from posleak.measure import NOISE_CORRECTION, Grid
 
 # Profile tables on the exact grid grow as T²·heads·layers rows: refused beyond this length.

@@ -20,7 +20,7 @@ from posleak.data.corpus import load_corpus
 from posleak.data.nulls import make_null
 from posleak.data.recipe import Recipe
 from posleak.device import Placement
-from posleak.intervene import Interventions
+from posleak.interventions import Interventions
 from posleak.models.facts import attention_chunk
 from posleak.models.load import LoadedModel, load_model
 from posleak.pipeline.config import AnalyzeConfig

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-import posleak
+from posleak.version import __version__
 
 
 def fingerprint(args: Mapping[str, Any]) -> str:
@@ -48,7 +48,7 @@ def _version(package: str) -> str | None:
 def versions() -> dict[str, str | None]:
     """The software a result depends on; read from package metadata so that nothing heavy is imported."""
     return {
-        "posleak": posleak.__version__,
+        "posleak": __version__,
         "torch": torch.__version__,
         "transformers": _version("transformers"),
         "numpy": _version("numpy"),

@@ -25,7 +25,7 @@ from posleak.experiments.paper.models import read_facts
 from posleak.experiments.paper.plan import RoleName
 from posleak.experiments.paper.reproduction import SELECTION, Reproduction, SampleRuns
 from posleak.experiments.paper.verdict import fact, row
-from posleak.intervene import Interventions
+from posleak.interventions import Interventions
 from posleak.pipeline import AnalysisResult, AnalyzeConfig
 
 C3_ROLES: tuple[RoleName, ...] = ("standard", "large-base", "sliding")

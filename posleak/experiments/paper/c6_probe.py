@@ -17,8 +17,8 @@ from posleak.data.batches import TokenBatch
 from posleak.experiments.evidence import Estimate, sequence_mean
 from posleak.experiments.paper.plan import ROLE_NAMES, RoleName
 from posleak.experiments.paper.reproduction import SELECTION, Reproduction
-from posleak.intervene import Interventions
-from posleak.intervene.patching import source_token
+from posleak.interventions import Interventions
+from posleak.interventions.patching import source_token
 from posleak.measure.bootstrap import resampling_units
 from posleak.measure.position0 import identity_accuracy, variant_states
 from posleak.models.load import LoadedModel

@@ -22,7 +22,7 @@ from posleak.data.batches import TokenBatch
 from posleak.data.kinds import NullKind, Part
 from posleak.experiments.batch import AnalysisJob, ModelCache, draw_sequences, run_analyses
 from posleak.experiments.paper.plan import SAMPLES, Plan, Role, RoleName
-from posleak.intervene import Interventions
+from posleak.interventions import Interventions
 from posleak.models.load import LoadedModel
 from posleak.pipeline import AnalysisResult, AnalyzeConfig
 from posleak.pipeline.config import MIN_SEQS

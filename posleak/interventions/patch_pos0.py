@@ -1,12 +1,12 @@
 """`--patch-pos0 SOURCE [--patch-layers L..]` (docs/method.md §9): position 0's residual state at the chosen
-layers replaced by the SOURCE token's, by forward hooks (posleak.intervene.patching)."""
+layers replaced by the SOURCE token's, by forward hooks (posleak.interventions.patching)."""
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
-from posleak.intervene.base import Intervention, Option, Values
+from posleak.interventions.base import Intervention, Option, Values
 from posleak.validate import Problems
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ class PatchPos0(Intervention):
     )
 
     def problems(self, values: Values, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
-        from posleak.intervene.patching import parse_layers, source_token
+        from posleak.interventions.patching import parse_layers, source_token
 
         found = Problems()
         if values["patch_pos0"] is not None and model is not None:
@@ -37,7 +37,7 @@ class PatchPos0(Intervention):
         self, values: Values, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, bos_at_0: bool
     ) -> AbstractContextManager[None]:
         from posleak.capture.residual import decoder_layers
-        from posleak.intervene.patching import parse_layers, patched_position0, position0_trajectory, source_token
+        from posleak.interventions.patching import parse_layers, patched_position0, position0_trajectory, source_token
 
         token = source_token(tokenizer, values["patch_pos0"])
         layers = parse_layers(values["patch_layers"], len(decoder_layers(model)) + 1)

@@ -1,6 +1,6 @@
 """How chosen heads' later queries read key 0, reweighted (docs/method.md §9): the edit behind
-`--hold-sink-clock` (posleak.intervene.hold_sink_clock) and `--remove-sink-reads`
-(posleak.intervene.remove_sink_reads).
+`--hold-sink-clock` (posleak.interventions.hold_sink_clock) and `--remove-sink-reads`
+(posleak.interventions.remove_sink_reads).
 
 In a chosen head, each query i ≥ 1 that sees key 0 gives it the weight a'_{i,0} = ā, and every other key (and a
 learned sink logit, where the model has one) the weight a_{i,j}·(1 − ā)/(1 − a_{i,0}), so the row keeps its sum.

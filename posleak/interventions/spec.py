@@ -1,5 +1,5 @@
 """The interventions of one run (docs/method.md §9): the value of every registered intervention's options
-(posleak.intervene.registry), and what is checked, recorded and installed of them, one intervention after
+(posleak.interventions.registry), and what is checked, recorded and installed of them, one intervention after
 another.
 
 `Interventions(replace_bos="mean")` gives some options (the others keep their defaults); each option reads as
@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
-from posleak.intervene.base import Intervention, SinkHeads
-from posleak.intervene.registry import option_defaults, registered
+from posleak.interventions.base import Intervention, SinkHeads
+from posleak.interventions.registry import option_defaults, registered
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase

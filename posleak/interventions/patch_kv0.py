@@ -1,13 +1,13 @@
 """`--patch-kv0 SOURCE [--kv0-heads auto|L.H,...]` (docs/method.md §9): the path-specific patch, key 0's key and
-value in the chosen heads taken from the SOURCE token's own forward (posleak.intervene.key0), inside the
+value in the chosen heads taken from the SOURCE token's own forward (posleak.interventions.key0), inside the
 attention function; `auto` chooses the sink heads of a baseline pass."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from posleak.intervene.base import Intervention, Option, SinkHeads, Values
-from posleak.intervene.heads import head_problems, heads_of
+from posleak.interventions.base import Intervention, Option, SinkHeads, Values
+from posleak.interventions.heads import head_problems, heads_of
 from posleak.validate import Problems
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ class PatchKv0(Intervention):
     )
 
     def problems(self, values: Values, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
-        from posleak.intervene.patching import source_token
+        from posleak.interventions.patching import source_token
 
         if values["patch_kv0"] is None:  # --kv0-heads alone is not checked: it patches nothing
             return []
@@ -52,8 +52,8 @@ class PatchKv0(Intervention):
     ) -> None:
         """A key-0 patch needs the `model` (one forward of its source token) and, for a SOURCE given as text, its
         `tokenizer`."""
-        from posleak.intervene.key0 import key0_patch
-        from posleak.intervene.patching import source_token
+        from posleak.interventions.key0 import key0_patch
+        from posleak.interventions.patching import source_token
 
         if model is None:
             raise ValueError("patch_kv0 needs the model, to compute the source token's key and value")

@@ -1,6 +1,6 @@
 """`--hold-sink-clock auto|L.H,...` (docs/method.md §9), the clock removal: in the chosen heads, the weight each
 query i ≥ 1 gives key 0 replaced by its mean over those queries (per sequence and head), the other keys'
-weights renormalised, inside the attention function (posleak.intervene.key0_reads); `auto` chooses the sink heads
+weights renormalised, inside the attention function (posleak.interventions.key0_reads); `auto` chooses the sink heads
 of a baseline pass. The heads still read key 0 as much on average, but no longer by how far the query stands
 from it: whether sink heads carry position to later queries (claim C3 (a))."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from posleak.intervene.base import Intervention, Option, SinkHeads, Values
-from posleak.intervene.heads import head_problems, heads_of
+from posleak.interventions.base import Intervention, Option, SinkHeads, Values
+from posleak.interventions.heads import head_problems, heads_of
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -28,7 +28,7 @@ class HoldSinkClock(Intervention):
             help="in these heads, key 0's weight for queries i ≥ 1 held at its mean over them",
         ),
     )
-    # what key 0's weight becomes (posleak.intervene.key0_reads.Key0Reads)
+    # what key 0's weight becomes (posleak.interventions.key0_reads.Key0Reads)
     target: ClassVar[Literal["mean", "zero"]] = "mean"
 
     @property
@@ -49,7 +49,7 @@ class HoldSinkClock(Intervention):
         model: PreTrainedModel | None,
         tokenizer: PreTrainedTokenizerBase | None,
     ) -> None:
-        from posleak.intervene.key0_reads import Key0Reads
+        from posleak.interventions.key0_reads import Key0Reads
 
         heads = heads_of(values[self.options[0].name], self.flag, sink_heads)
         edits.output_edits = (*edits.output_edits, Key0Reads(heads, self.target, self.flag))

@@ -10,7 +10,7 @@ from posleak.errors import PosleakError
 from posleak.validate import Problems
 
 if TYPE_CHECKING:
-    from posleak.intervene.base import SinkHeads
+    from posleak.interventions.base import SinkHeads
     from posleak.models.load import LoadedModel
 
 

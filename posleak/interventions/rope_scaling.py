@@ -1,11 +1,11 @@
-"""`--rope-scaling KIND:K` (docs/method.md §9): the model loaded again with its RoPE scaled (posleak.intervene.rope)."""
+"""`--rope-scaling KIND:K` (docs/method.md §9): the model loaded with its RoPE scaled (posleak.interventions.rope)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from posleak.intervene.base import Intervention, Option, Values
-from posleak.intervene.rope import ROPE_KINDS, parse_rope_scaling, scaled_rope_parameters
+from posleak.interventions.base import Intervention, Option, Values
+from posleak.interventions.rope import ROPE_KINDS, parse_rope_scaling, scaled_rope_parameters
 from posleak.validate import Problems
 
 if TYPE_CHECKING:

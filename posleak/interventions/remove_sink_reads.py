@@ -1,13 +1,13 @@
 """`--remove-sink-reads auto|L.H,...` (docs/method.md §9): in the chosen heads, queries i ≥ 1 give key 0 no
 weight and the other keys' weights are renormalised, inside the attention function
-(posleak.intervene.key0_reads); `auto` chooses the sink heads of a baseline pass. The clock removal
-(posleak.intervene.hold_sink_clock) with the held weight 0: whether later positions lose position 0's identity
+(posleak.interventions.key0_reads); `auto` chooses the sink heads of a baseline pass. The clock removal
+(posleak.interventions.hold_sink_clock) with the held weight 0: whether later positions lose position 0's identity
 when the sink heads no longer read it (claim C6)."""
 
 from __future__ import annotations
 
-from posleak.intervene.base import Option
-from posleak.intervene.hold_sink_clock import HoldSinkClock
+from posleak.interventions.base import Option
+from posleak.interventions.hold_sink_clock import HoldSinkClock
 
 
 class RemoveSinkReads(HoldSinkClock):

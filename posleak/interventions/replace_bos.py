@@ -1,5 +1,5 @@
 """`--replace-bos KIND` (docs/method.md §9): the BOS's input vector at position 0 replaced by a forward hook
-(posleak.intervene.embedding); `random` draws with the run's --seed."""
+(posleak.interventions.embedding); `random` draws with the run's --seed."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from posleak.errors import PosleakError
-from posleak.intervene.base import Intervention, Option, SinkHeads, Values
+from posleak.interventions.base import Intervention, Option, SinkHeads, Values
 from posleak.validate import Problems
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ class ReplaceBos(Intervention):
 
     def problems(self, values: Values, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
         """At most one problem: the first one stands in the way of the others."""
-        from posleak.intervene.embedding import replacement_token
+        from posleak.interventions.embedding import replacement_token
 
         kind = values["replace_bos"]
         found = Problems()
@@ -53,7 +53,7 @@ class ReplaceBos(Intervention):
     def hooks(
         self, values: Values, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, bos_at_0: bool
     ) -> AbstractContextManager[None]:
-        from posleak.intervene.embedding import replaced_position0, replacement_vector
+        from posleak.interventions.embedding import replaced_position0, replacement_vector
 
         if not bos_at_0:
             raise PosleakError("--replace-bos needs a BOS at position 0; add --bos on")

@@ -18,7 +18,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posleak.capture.session import active_session
 from posleak.errors import PosleakError
-from posleak.intervene.replace_bos import REPLACEMENTS
+from posleak.interventions.replace_bos import REPLACEMENTS
 
 
 @torch.no_grad()

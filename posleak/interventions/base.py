@@ -3,8 +3,8 @@
 An intervention is one module (docs/method.md §9): its options, the first of which turns it on; what is wrong
 with their values (`problems`); what the manifest records of them (`describe`); and how it is installed, at one
 or more of three moments of a run: the model's config at load time (`load_overrides`), edits inside the
-attention function (`edit_attention`), forward hooks around the forwards (`hooks`). `posleak.intervene.registry`
-lists them by name; `posleak.intervene.spec.Interventions` holds one run's values of every registered option.
+attention function (`edit_attention`), forward hooks around the forwards (`hooks`). `posleak.interventions.registry`
+lists them by name; `posleak.interventions.spec.Interventions` holds one run's values of every registered option.
 
 The command line builds its options from the registry without importing torch, so an intervention module
 imports its machinery (torch, transformers) inside the methods that use it.
@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from posleak.intervene.heads import chosen_heads
+from posleak.interventions.heads import chosen_heads
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 from posleak.errors import PosleakError
-from posleak.intervene.base import Intervention, Option, SinkHeads, Values
+from posleak.interventions.base import Intervention, Option, SinkHeads, Values
 from posleak.validate import Problems, natural_number
 
 if TYPE_CHECKING:
