@@ -6,19 +6,18 @@ fixed seed, one per row), the exact log Z_i (log-sum-exp over query i's valid ke
 and `measure_layer` with `MeasureSpec(seq_len=T, num_seqs=N, table_grid=Grid(T, "coarse"))` (plus `beyond=W`
 for a windowed shape), timed once after one untimed warm-up of both ways of summing at a small size (T = 256,
 N = 2: thread pools, FFT plans and kernel choices are one-time costs). `measure_layer` is handed the capture
-on the device that made it, as the in-forward path would hand it (issue 24, items 2 and 3): on a GPU that
-needs a posleak whose measurement runs on the device. N ≥ 2 (the noise correction pairs distinct sequences).
+on the device that made it, as the in-forward path hands it, and forms its float64 sums there where the device
+has float64 (posleak.device.sums_device). N ≥ 2 (the noise correction pairs distinct sequences).
 
 Printed per row: seconds per layer; the achieved float64 GFLOP/s, the operation count below over those seconds,
 against the device's peak, measured on the spot as the best of a few float64 n × n matmuls on that device
 (n = 2048 on the CPU, 8192 elsewhere, 2n³ operations each); peak memory above the resident capture (on CUDA
 `torch.cuda.max_memory_allocated`, on the CPU the kernel's high-water mark, as bench_analyze.py measures it);
 and projected times: one whole-model analysis = seconds per layer × L, and `posleak paper --quick` at that
-scale = 26 × L × seconds per layer. `paper --quick` runs 13 analyses per sample on two samples
-(posleak/experiments/paper/: per sample the standard model and it under NTK ×4 and ×16, the large-base model,
-the sliding one, the BOS baseline and its three replacements, the joint sink ablation, two control ablations
-and the position-0 patch); the projection assumes every one of them is a model of this shape at this T and N
-and counts only the measurement (not the forwards, the lab's six small models or the report).
+scale = A × L × seconds per layer, A the analyses of the --quick plan (posleak.experiments.paper.counts.
+analysis_count: the shared analyses of both samples, C4's run beyond the window, C3's runs and its selection
+baselines); the projection assumes every one of them is a model of this shape at this T and N and counts only the
+measurement (not the forwards, the lab's small models or the report).
 
 Operation count (multiply-adds count 2, as in the peak's matmul). `measure_layer` takes the path that
 posleak.measure.layer_sums.choose_path takes: materialised for T ≤ 2·N·D, else bilinear. With W = min(T,
@@ -76,12 +75,14 @@ from bench_analyze import PeakMemory
 from posleak.capture.masks import MaskSpec
 from posleak.capture.store import CallFacts, LayerCapture
 from posleak.device import Placement
+from posleak.experiments.paper.counts import analysis_count
+from posleak.experiments.paper.plan import QUICK
 from posleak.measure import Grid, MeasureSpec, measure_layer, segment_boundaries
 from posleak.measure.layer_sums import SumsPath, choose_path
 from posleak.measure.shift import row_blocks, shift_queries
 from posleak.store.jsonfile import dumps
 
-PAPER_QUICK_ANALYSES = 26  # 13 per sample × 2 samples (module docstring)
+PAPER_QUICK_ANALYSES = analysis_count(QUICK)  # the projection's A (module docstring)
 _GRAM_BLOCK = 128  # positions per Gram block of the bilinear path (bilinear._GRAM_BLOCK_WIDTH for D = 128)
 _BLOCK_ELEMENTS = 1 << 21  # float64 logits per block of the materialised path (layer_sums._BLOCK_ELEMENTS)
 _LOG_Z_ELEMENTS = 1 << 27  # float64 logits per block of query rows of the exact log Z: 1 GiB at a time
@@ -343,7 +344,7 @@ def _hours(seconds: float) -> str:
 def print_table(rows: list[dict]) -> None:
     print(
         "\nshape            T     N   path          s/layer  GFLOP  GFLOP/s  of peak  capture MiB  peak MiB  "
-        "model (× layers)  paper --quick (× 26)  source"
+        f"model (× layers)  paper --quick (× {PAPER_QUICK_ANALYSES})  source"
     )
     for row in rows:
         memory = row["peak_mib_above_capture"]

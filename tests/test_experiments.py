@@ -57,8 +57,9 @@ from posleak.experiments.paper.c6_probe import (
     probe_identity,
 )
 from posleak.experiments.paper.corpora import corpus_problems, side_by_side
+from posleak.experiments.paper.counts import analysis_count, lab_model_count
 from posleak.experiments.paper.models import role_problems, role_tokenizers
-from posleak.experiments.paper.plan import ROLES
+from posleak.experiments.paper.plan import ROLES, Plan
 from posleak.experiments.paper.report import write_top
 from posleak.experiments.paper.reproduction import (
     PARTS,
@@ -1570,3 +1571,22 @@ def test_a_sample_of_fewer_than_four_documents_is_refused_before_any_work(zoo_mo
         for role in ("standard", "bos")
     ]
     assert not [p for p in role_problems(replace(QUICK, sizes={"standard": (256, 4)})) if "too few" in p]
+
+
+def test_the_plan_s_counts_follow_its_sizes() -> None:
+    """The analyses and lab models that docs/performance.md and bench_scale.py state, counted from the plan, against
+    a count of the reproduction's runs by hand: per sample the standard model, it under each NTK factor, the
+    large-base and sliding models, the BOS baseline and its 3 replacements, 2 nulls of each of the 3 judged models,
+    the standard model beyond the window, and per C3 unit (3) 2 questions × (the sink heads + each control draw),
+    plus 4 reported runs where the plan has them; then each unit's selection baseline. Lab: 3 trained ways per seed."""
+
+    def by_hand(plan: Plan) -> int:
+        per_unit = 2 * (1 + plan.control_draws) + (4 if plan.c3_reported else 0)
+        return 2 * (1 + len(plan.ntk_factors) + 2 + 1 + 3 + 3 * 2 + 1 + 3 * per_unit) + 3
+
+    other = replace(QUICK, ntk_factors=(2.0, 4.0, 16.0), control_draws=3, c3_reported=True, lab_seeds=(0, 1))
+    assert (analysis_count(QUICK), lab_model_count(QUICK)) == (59, 15)
+    assert (analysis_count(other), lab_model_count(other)) == (by_hand(other), 6) == (109, 6)
+    assert analysis_count(QUICK) == by_hand(QUICK)
+    with pytest.raises(ValueError, match="other BOS setting"):
+        analysis_count(FULL)

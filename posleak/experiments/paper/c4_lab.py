@@ -13,6 +13,7 @@ from typing import Any
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, percent_change, seed_mean
 from posleak.experiments.paper.c1 import MIN_MAGNITUDE
+from posleak.experiments.paper.plan import Plan
 from posleak.experiments.paper.reproduction import Reproduction
 from posleak.experiments.paper.verdict import Judgement, fact, judge, row
 from posleak.lab.plan import run_trials
@@ -165,10 +166,23 @@ def _testability_rows(lab: LabRuns) -> list[dict[str, Any]]:
 
 
 def lab_runs(repro: Reproduction) -> LabRuns:
+    """C4's controlled line (`lab_trials`), trained and analysed or read back."""
+    trials = lab_trials(repro.plan)
+    root = repro.lab
+    # as `posleak lab` does: trials side by side, one torch thread each (the same weights as one after another)
+    jobs = os.cpu_count() or 1
+    run_trials(trials, root, backend=repro.backend, address=repro.address, progress=repro.progress, jobs=jobs)
+    runs: dict[str, list[AnalysisResult]] = {variant: [] for variant in LAB_VARIANTS}
+    for trial in trials:
+        runs[trial.name].append(AnalysisResult.read(RunFolder(trial_folder(root, trial) / "analysis")))
+    return LabRuns(runs)
+
+
+def lab_trials(plan: Plan) -> list[Trial]:
     """C4's controlled line: an 8-layer lab decoder trained with full causal RoPE, a sliding window of T/4 and a
     large base (θ·K^(D/(D−2)) from the start, K the largest NTK factor), same data, steps and seeds; each analysed,
-    and the RoPE-trained one analysed again under NTK scaling ×K at inference (the same weights: no training)."""
-    plan = repro.plan
+    and the RoPE-trained one analysed again under NTK scaling ×K at inference (the same weights, `Trial.train_key`:
+    no training)."""
     factor = max(plan.ntk_factors)
     rope = LabSpec(size="deep")
     specs = {
@@ -188,7 +202,7 @@ def lab_runs(repro: Reproduction) -> LabRuns:
         beyond=plan.lab_seq_len // 4,
     )
     steps = plan.lab_steps
-    trials = [
+    return [
         Trial(
             variant,
             spec,
@@ -208,11 +222,3 @@ def lab_runs(repro: Reproduction) -> LabRuns:
         for variant, spec in specs.items()
         for seed in plan.lab_seeds
     ]
-    root = repro.lab
-    # as `posleak lab` does: trials side by side, one torch thread each (the same weights as one after another)
-    jobs = os.cpu_count() or 1
-    run_trials(trials, root, backend=repro.backend, address=repro.address, progress=repro.progress, jobs=jobs)
-    runs: dict[str, list[AnalysisResult]] = {variant: [] for variant in specs}
-    for trial in trials:
-        runs[trial.name].append(AnalysisResult.read(RunFolder(trial_folder(root, trial) / "analysis")))
-    return LabRuns(runs)
