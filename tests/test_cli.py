@@ -5,9 +5,12 @@ model listing answer without importing torch or transformers."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -16,8 +19,11 @@ import torch
 from cli import file_stamps, run_cli
 
 from posleak.capture import use_posleak_attention
+from posleak.cli import analyze as analyze_cli
+from posleak.cli import build_parser
 from posleak.data.batches import make_sequences
 from posleak.data.corpus import load_corpus
+from posleak.experiments.paper.plan import FULL, QUICK, Plan
 from posleak.models.load import LoadedModel
 
 
@@ -100,3 +106,39 @@ def test_help_and_the_model_listing_import_neither_torch_nor_transformers(args: 
         assert "smollm2-135m" in answer["out"] and "qwen2.5-coder-0.5b" in answer["out"]
     else:
         assert answer["out"].startswith("usage: posleak")
+
+
+def _helps(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Every option's help text of every command, by `COMMAND OPTION`."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    return {
+        f"{name} {'/'.join(action.option_strings) or action.dest}": action.help or ""
+        for name, command in commands.items()
+        for action in command._actions
+    }
+
+
+def test_the_help_states_no_time_and_takes_the_paper_plans_sizes_from_the_plans(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No --help text types a time (they change with the machine and the plan: docs/performance.md), and the numbers
+    in `paper --quick` and `--full`'s are each plan's own, in order: N, T, the sliding role's N and T, the resamples,
+    the lab's seeds and steps; a plan changed, its help follows."""
+    helps = _helps(build_parser())
+    assert not [key for key, text in helps.items() if re.search(r"\b(minutes?|hours?|seconds)\b|\d+ s\b", text)]
+
+    def sizes(plan: Plan) -> list[int]:
+        (sliding_len, sliding_seqs), seeds = plan.size("sliding"), len(plan.lab_seeds)
+        return [plan.num_seqs, plan.seq_len, sliding_seqs, sliding_len, plan.bootstrap, seeds, plan.lab_steps]
+
+    def numbers(text: str) -> list[int]:
+        return [int(n) for n in re.findall(r"(?<![\w.])\d+(?!\w)", text)]  # not the 4 of "C4"
+
+    changed = replace(QUICK, num_seqs=17, sliding_seq_len=1024, bootstrap=300, lab_seeds=(0, 1), lab_steps=50)
+    assert sizes(changed) != sizes(QUICK)
+    for quick in (QUICK, changed):
+        monkeypatch.setattr(analyze_cli, "QUICK", quick)
+        helps = _helps(build_parser())
+        assert numbers(helps["paper --quick"]) == sizes(quick)
+        assert numbers(helps["paper --full"]) == sizes(FULL)
+        assert " and ".join(FULL.corpora) in helps["paper --full"]

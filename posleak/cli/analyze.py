@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from posleak.data.kinds import BOS_POLICIES, GRIDS, NULLS
 from posleak.device import DEVICE_MAPS, DEVICES, DTYPES, Placement
+from posleak.experiments.paper.plan import FULL, QUICK, Plan
 from posleak.interventions.registry import option_defaults, registered_options
 from posleak.runner import BACKENDS
 from posleak.store.jsonfile import dumps
@@ -68,8 +69,8 @@ def _add_paper_parser(sub: argparse._SubParsersAction) -> None:
     """`posleak paper` and its options (`_paper` runs it)."""
     paper = sub.add_parser("paper", help="reproduce claims C1–C6 of arXiv 2606.06160 (built-in models or any, by role)")
     size = paper.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="the default (its sizes and time: docs/performance.md)")
-    size.add_argument("--full", action="store_true", help="more and longer sequences")
+    size.add_argument("--quick", action="store_true", help=f"the default: {plan_sizes(QUICK)}")
+    size.add_argument("--full", action="store_true", help=plan_sizes(FULL))
     paper.add_argument(
         "--models",
         metavar="ROLE=MODEL,...",
@@ -94,6 +95,16 @@ def _add_paper_parser(sub: argparse._SubParsersAction) -> None:
     add_backend_options(paper, "analyses and lab trials")
     add_placement_options(paper, defaults=True)
     paper.set_defaults(handler=_paper)
+
+
+def plan_sizes(plan: Plan) -> str:
+    """A plan's sizes for its --help line, from the plan itself (its analyses and time: docs/performance.md)."""
+    sliding_len, sliding_seqs = plan.size("sliding")
+    return (
+        f"N = {plan.num_seqs} documents per sample at T = {plan.seq_len} ({sliding_seqs} at T = {sliding_len} for "
+        f"the sliding role), {plan.bootstrap} resamples, C4's lab at {len(plan.lab_seeds)} seeds of {plan.lab_steps} "
+        f"steps, on {' and '.join(plan.corpora)} (its analyses and time: docs/performance.md)"
+    )
 
 
 def add_analysis_options(parser: argparse.ArgumentParser) -> None:

@@ -18,8 +18,29 @@ layers trained with full causal RoPE, a sliding window and a large base, the RoP
 inference.
 """
 
-from posleak.experiments.paper.models import paper_plan
-from posleak.experiments.paper.plan import FULL, QUICK, Plan
-from posleak.experiments.paper.run import reproduce
+from __future__ import annotations
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from posleak.experiments.paper.models import paper_plan
+    from posleak.experiments.paper.plan import FULL, QUICK, Plan
+    from posleak.experiments.paper.run import reproduce
+
+# name → the module that defines it, imported on first use: `posleak paper --help` states the plans' sizes from
+# plan.py without the reproduction's imports (torch, pandas: seconds)
+_EXPORTS = {
+    "FULL": "posleak.experiments.paper.plan",
+    "QUICK": "posleak.experiments.paper.plan",
+    "Plan": "posleak.experiments.paper.plan",
+    "paper_plan": "posleak.experiments.paper.models",
+    "reproduce": "posleak.experiments.paper.run",
+}
 __all__ = ["FULL", "QUICK", "Plan", "paper_plan", "reproduce"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)

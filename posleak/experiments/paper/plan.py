@@ -16,7 +16,6 @@ from typing import Literal, get_args
 from posleak.data import bible
 from posleak.data.corpus import DEFAULT_CORPUS
 from posleak.device import Placement
-from posleak.experiments.batch import safe_name
 
 SAMPLES = ("A", "B")
 SHOWN = "A"  # the sample whose figures, tables and numbers the report's text shows
@@ -38,6 +37,8 @@ class Role:
     def name(self) -> str:
         """How the texts name the model: the last part of its spec (a folder's or a hub id's name), made safe for
         a folder name; a built-in's own name. Resolved first, so that `.` or `../ckpt/` name their folder."""
+        from posleak.experiments.batch import safe_name  # here: batch imports pandas, which `paper --help` needs not
+
         return safe_name(Path(self.model).expanduser().resolve().name) or "model"
 
 
