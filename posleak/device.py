@@ -7,9 +7,11 @@ is checked where its size is known, in `posleak.models.load`, still before any w
 
 Precision (docs/method.md §4): the dtype changes what the model computes, its q, k and log Z; everything
 posleak measures from them is formed in float32 (logits, from the model's q and k, which half precision
-holds exactly in float32) and summed in float64, whatever the dtype: on the device that holds q and k where it
-has float64 (the CPU, CUDA), else on the CPU (`sums_device`). `measure_budget` says how many bytes of captures
-may stay on that device, so that each layer is measured during the last forward (`--measure-budget`).
+holds exactly in float32) and summed in float64, whatever the dtype, where the captures wait: on the model's
+device when they stay there (the in-forward path; on the CPU for a device without float64, such as MPS:
+`sums_device`), on the CPU when they went to the CPU's memory or to disk. `measure_budget` says how many bytes of
+captures may stay on the model's device, so that each layer is measured during the last forward
+(`--measure-budget`).
 
 This module imports torch only inside the functions that need it, so the command line can offer the
 choices without it.

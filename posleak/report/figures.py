@@ -71,7 +71,8 @@ def component_magnitudes(
     title: str = "Causal-mask and residual-stream components by layer",
     range_labels: tuple[str, str] = ("early queries", "all queries"),
 ) -> Path:
-    """Magnitude of m and r against layer, early and all queries side by side, bootstrap bands shaded."""
+    """The causal-mask (c) and residual-stream (w) magnitudes against layer (docs/method.md §3), early and all
+    queries side by side, bootstrap bands shaded."""
     columns = ["layer", "layer_type", "window", "mask_early", "mask_all", "resid_early", "resid_all"]
     _require(per_layer, columns, "per_layer")
     per_layer = per_layer.sort_values("layer")
