@@ -1,8 +1,9 @@
-# Two entry points on a fresh machine: `make run` (the paper reproduction) and `make test`.
+# Two entry points on a fresh machine: `make run` (the paper reproduction) and `make test`; `make install` alone
+# (the venv and the built-in models, no reproduction) is what the README's first run needs.
 PY := .venv/bin/python
 PIP := .venv/bin/pip
 
-.PHONY: run test lint clean
+.PHONY: install run test lint clean
 
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
@@ -12,8 +13,10 @@ PIP := .venv/bin/pip
 	$(PIP) install -q -e '.[test]'
 	touch $@
 
-run: .venv/.installed
+install: .venv/.installed
 	.venv/bin/posleak fetch all
+
+run: install
 	.venv/bin/posleak paper --quick --out runs/paper
 
 test: .venv/.installed
