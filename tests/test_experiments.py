@@ -1573,9 +1573,12 @@ def test_a_sample_of_fewer_than_four_documents_is_refused_before_any_work(zoo_mo
     assert not [p for p in role_problems(replace(QUICK, sizes={"standard": (256, 4)})) if "too few" in p]
 
 
+PERFORMANCE = ROOT / "docs" / "performance.md"
+
+
 def test_the_plan_s_counts_follow_its_sizes() -> None:
-    """The analyses and lab models that docs/performance.md and bench_scale.py state, counted from the plan, against
-    a count of the reproduction's runs by hand: per sample the standard model, it under each NTK factor, the
+    """The analyses and lab models that docs/performance.md's current figures and bench_scale.py state, counted
+    from the plan, against a count of the reproduction's runs by hand: per sample the standard model, it under each NTK factor, the
     large-base and sliding models, the BOS baseline and its 3 replacements, 2 nulls of each of the 3 judged models,
     the standard model beyond the window, and per C3 unit (3) 2 questions × (the sink heads + each control draw),
     plus 4 reported runs where the plan has them; then each unit's selection baseline. Lab: 3 trained ways per seed."""
@@ -1590,3 +1593,5 @@ def test_the_plan_s_counts_follow_its_sizes() -> None:
     assert analysis_count(QUICK) == by_hand(QUICK)
     with pytest.raises(ValueError, match="other BOS setting"):
         analysis_count(FULL)
+    stated = re.search(r"runs \*\*(\d+) analyses\*\* and trains \*\*(\d+) lab models\*\*", PERFORMANCE.read_text())
+    assert stated and tuple(map(int, stated.groups())) == (analysis_count(QUICK), lab_model_count(QUICK))
