@@ -4,7 +4,7 @@ For every deciding row of every sample, and of every part judged once (C4's lab,
 a finite interval (the rows a verdict is judged on): its relative width
 (high − low) / |value|. Prints the count, the median and the quartiles, the rows whose interval is a point
 (high = low: a bootstrap that degenerated) and the rows with no interval (fewer documents than an interval needs,
-docs/method.md §6). docs/performance.md and docs/method.md §6 quote it for `make run`'s claims.json.
+docs/method.md §6). docs/performance.md and docs/method.md §15.4 quote it for `make run`'s claims.json.
 
     python scripts/deciding_widths.py runs/paper/claims.json
 """

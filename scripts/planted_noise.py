@@ -1,7 +1,7 @@
 """The noise-corrected magnitudes of planted layers over seeds: their mean and spread, with no position and with a
-sink at key 0 (docs/method.md §3). A layer with no position has estimand 0, so the mean says the estimator is
-unbiased and the spread how much information it uses; run it against two versions of posleak (a checkout first on
-PYTHONPATH) to compare two estimators on the same layers.
+sink at key 0 (docs/method.md §3; measured: §15.1). A layer with no position has estimand 0, so the mean says the
+estimator is unbiased and the spread how much information it uses; run it against two versions of posleak (a
+checkout first on PYTHONPATH) to compare two estimators on the same layers.
 
     python scripts/planted_noise.py [--seeds 20] [--num-seqs 16]
 

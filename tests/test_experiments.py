@@ -1578,10 +1578,11 @@ PERFORMANCE = ROOT / "docs" / "performance.md"
 
 def test_the_plan_s_counts_follow_its_sizes() -> None:
     """The analyses and lab models that docs/performance.md's current figures and bench_scale.py state, counted
-    from the plan, against a count of the reproduction's runs by hand: per sample the standard model, it under each NTK factor, the
-    large-base and sliding models, the BOS baseline and its 3 replacements, 2 nulls of each of the 3 judged models,
-    the standard model beyond the window, and per C3 unit (3) 2 questions × (the sink heads + each control draw),
-    plus 4 reported runs where the plan has them; then each unit's selection baseline. Lab: 3 trained ways per seed."""
+    from the plan, against a count of the reproduction's runs by hand: per sample the standard model, it under each
+    NTK factor, the large-base and sliding models, the BOS baseline and its 3 replacements, 2 nulls of each of the 3
+    judged models, the standard model beyond the window, and per C3 unit (3) 2 questions × (the sink heads + each
+    control draw), plus 4 reported runs where the plan has them; then each unit's selection baseline. Lab: 3 trained
+    ways per seed."""
 
     def by_hand(plan: Plan) -> int:
         per_unit = 2 * (1 + plan.control_draws) + (4 if plan.c3_reported else 0)
