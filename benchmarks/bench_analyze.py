@@ -35,7 +35,7 @@ from posleak.capture import use_posleak_attention
 from posleak.data.batches import make_sequences
 from posleak.data.corpus import load_corpus
 from posleak.models.load import LoadedModel, load_model
-from posleak.pipeline import AnalyzeConfig, analyze_model, sequences_for
+from posleak.pipeline import AnalyzeConfig, PreparedRun, analyze_model, sequences_for
 from posleak.store.jsonfile import dumps
 
 MODEL = "smollm2-135m"
@@ -64,7 +64,7 @@ def _tasks(loaded: LoadedModel, seq_len: int) -> dict[str, Callable[[], object]]
             use_posleak_attention(model)
 
     def analysis() -> None:
-        analyze_model(model, batch, _config(seq_len).analysis, loaded=loaded, progress=False)
+        analyze_model(PreparedRun.of(loaded, batch, _config(seq_len)), progress=False)
 
     return {
         "a_sdpa": lambda: plain("sdpa"),

@@ -32,7 +32,7 @@ from posleak.capture import CaptureSession, QueryStats, use_posleak_attention
 from posleak.device import Placement
 from posleak.models.load import load_model
 from posleak.models.zoo import ZOO
-from posleak.pipeline import AnalyzeConfig, analyze_model, sequences_for
+from posleak.pipeline import AnalyzeConfig, PreparedRun, analyze_model, sequences_for
 from posleak.store.jsonfile import dumps
 
 
@@ -83,7 +83,7 @@ def speed(name: str, placement: Placement, seq_len: int, num_seqs: int) -> dict[
     forward_s = time.perf_counter() - start
     use_posleak_attention(model)
     start = time.perf_counter()
-    analyze_model(model, batch, config.analysis, loaded=loaded, progress=False)
+    analyze_model(PreparedRun.of(loaded, batch, config), progress=False)
     sync()
     analyze_s = time.perf_counter() - start
     return {

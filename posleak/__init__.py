@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         AnalyzeConfig,
         Execution,
         MeasureOptions,
+        PreparedRun,
         analyze_model,
         prepare,
     )
@@ -49,6 +50,7 @@ _EXPORTS = {
     "MeasureOptions": "posleak.pipeline",
     "Execution": "posleak.pipeline",
     "AnalysisResult": "posleak.pipeline",
+    "PreparedRun": "posleak.pipeline",
     "analyze_model": "posleak.pipeline",
     "prepare": "posleak.pipeline",
     "Interventions": "posleak.interventions",
@@ -75,6 +77,7 @@ __all__ = [
     "MeasureSpec",
     "Plan",
     "PosleakError",
+    "PreparedRun",
     "__version__",
     "analyze",
     "analyze_model",

@@ -9,7 +9,7 @@ from reference import LogitRecorder, grid_edges, table_errors
 
 from posleak.capture import use_posleak_attention
 from posleak.data.batches import TokenBatch
-from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model
+from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model, prepared_model
 
 EARLY = 12
 
@@ -35,7 +35,7 @@ def analyze_recorded(
         seq_len=ids.shape[1], num_seqs=ids.shape[0], batch_size=batch_size, grid=grid, early=EARLY, bootstrap=bootstrap
     )
     with LogitRecorder(model) as recorder:
-        result = analyze_model(model, token_batch(ids), config.analysis, model_id="tiny", progress=False)
+        result = analyze_model(prepared_model(model, token_batch(ids), config.analysis, "tiny"), progress=False)
     # the instrumented path ran: the recorder wrapped posleak's own function, once per layer and batch
     assert recorder.previous == "posleak"
     layers = model.config.num_hidden_layers

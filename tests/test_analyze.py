@@ -23,8 +23,15 @@ from posleak.errors import PosleakError
 from posleak.interventions import Interventions
 from posleak.measure import LAYER_MAGNITUDES
 from posleak.models.load import LoadedModel
-from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model, sequences_for
-from posleak.pipeline import run as run_module
+from posleak.pipeline import (
+    AnalysisResult,
+    AnalyzeConfig,
+    PreparedRun,
+    analyze_model,
+    prepared_model,
+    sequences_for,
+    waiting,
+)
 from posleak.store import RunFolder
 from posleak.store.jsonfile import dumps, nan_for_none
 from posleak.store.manifest import fingerprint
@@ -49,7 +56,7 @@ def _tiny_run(tmp_path: Path | None, **changes: object) -> AnalysisResult:
     ids = torch.randint(3, model.config.vocab_size, (6, 40), generator=torch.Generator().manual_seed(0))
     ids[:, 0] = 2
     config = AnalyzeConfig(seq_len=40, num_seqs=6, batch_size=2, bootstrap=50).replace(**changes)
-    return analyze_model(model, _batch(ids), config.analysis, out=tmp_path, model_id="tiny-gemma3", progress=False)
+    return analyze_model(prepared_model(model, _batch(ids), config.analysis, "tiny-gemma3"), tmp_path, progress=False)
 
 
 # ----------------------------------------------------------------------------------- run folders
@@ -173,7 +180,7 @@ def _no_forward(*args: object, **kwargs: object) -> None:
 def _interrupting(stage: str, after: int, counts: dict[str, int]) -> object:
     """A replacement for CaptureSession.forward ("forward") or analyze's measure_layer ("measure") that
     counts its calls and raises KeyboardInterrupt once, on call number `after` + 1 of its stage."""
-    original = CaptureSession.forward if stage == "forward" else run_module.measure_layer
+    original = CaptureSession.forward if stage == "forward" else waiting.measure_layer
 
     def wrapped(*args: object, **kwargs: object) -> object:
         counts[stage] = counts.get(stage, 0) + 1
@@ -193,7 +200,7 @@ def test_interrupted_run_resumes_without_redoing_work(
     (one layer kept): the rerun redoes only what was left and ends with the same tables, bit for bit."""
     whole = _tiny_run(tmp_path / "whole")
     counts: dict[str, int] = {}
-    target = (CaptureSession, "forward") if stage == "forward" else (run_module, "measure_layer")
+    target = (CaptureSession, "forward") if stage == "forward" else (waiting, "measure_layer")
     monkeypatch.setattr(*target, _interrupting(stage, after, counts))
     with pytest.raises(KeyboardInterrupt):
         _tiny_run(tmp_path / "run")
@@ -244,7 +251,7 @@ def test_interrupted_in_forward_run_redoes_the_forwards_and_keeps_the_measured_l
     ends with the uninterrupted run's tables, bit for bit."""
     whole = _tiny_run(tmp_path / "whole", measure_budget=IN_FORWARD)
     counts: dict[str, int] = {}
-    monkeypatch.setattr(run_module, "measure_layer", _interrupting("measure", 1, counts))
+    monkeypatch.setattr(waiting, "measure_layer", _interrupting("measure", 1, counts))
     with pytest.raises(KeyboardInterrupt):
         _tiny_run(tmp_path / "run", measure_budget=IN_FORWARD)
     partial = tmp_path / "run" / ".partial"
@@ -363,7 +370,7 @@ def test_real_models_match_brute_force(
     batch = sequences_for(loaded, config.recipe)
     assert (batch.bos_id is not None) == (name == "gemma3")
     with LogitRecorder(loaded.model) as recorder:
-        result = analyze_model(loaded.model, batch, config.analysis, loaded=loaded, progress=False)
+        result = analyze_model(PreparedRun.of(loaded, batch, config), progress=False)
     assert recorder.previous == "posleak" and len(recorder.layers) == loaded.facts.layers
     if name == "gemma3":
         assert {layer.window for layer in recorder.layers.values()} == {512, None}
@@ -431,7 +438,7 @@ def test_memory_at_8192_tokens(smollm2: LoadedModel) -> None:
     config = AnalyzeConfig(seq_len=8192, num_seqs=2, batch_size=1, cross_documents=True, bootstrap=20)
     batch = sequences_for(smollm2, config.recipe)
     with PeakMemory() as peak:
-        result = analyze_model(smollm2.model, batch, config.analysis, loaded=smollm2, progress=False)
+        result = analyze_model(PreparedRun.of(smollm2, batch, config), progress=False)
     one_layer = smollm2.facts.heads * 8192**2 * 4 / 2**20
     assert peak.added_mb < one_layer, (peak.added_mb, one_layer)
     assert np.isfinite(result.per_layer[["mask_all", "resid_all"]].to_numpy()).all()

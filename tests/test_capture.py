@@ -32,7 +32,7 @@ from posleak.capture.attention import blockwise_attention
 from posleak.capture.masks import MaskSpec, model_mask, spec_of
 from posleak.capture.store import CaptureMemory, QKRecorder
 from posleak.errors import PosleakError
-from posleak.pipeline import AnalyzeConfig, analyze_model
+from posleak.pipeline import AnalyzeConfig, analyze_model, prepared_model
 
 T = 3 * WINDOW  # longer than every sliding window
 
@@ -268,9 +268,9 @@ def test_blockwise_path_forced_on_the_cpu_equals_the_fused_kernel(family: str) -
         torch.testing.assert_close(block.layer(layer).log_z, fused.layer(layer).log_z, rtol=1e-5, atol=1e-5)
 
     config = AnalyzeConfig(seq_len=T, num_seqs=4, batch_size=2, early=12, bootstrap=0)
-    fused_result = analyze_model(model, token_batch(ids), config.analysis, model_id="tiny", progress=False)
+    fused_result = analyze_model(prepared_model(model, token_batch(ids), config.analysis, "tiny"), progress=False)
     with blockwise_attention():
-        block_result = analyze_model(model, token_batch(ids), config.analysis, model_id="tiny", progress=False)
+        block_result = analyze_model(prepared_model(model, token_batch(ids), config.analysis, "tiny"), progress=False)
     for table in ("per_head", "per_layer"):
         a, b = getattr(fused_result, table), getattr(block_result, table)
         numbers = [c for c in a.columns if a[c].dtype.kind == "f"]

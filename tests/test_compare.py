@@ -20,7 +20,7 @@ from posleak.data.batches import TokenBatch
 from posleak.experiments.compare import summarise
 from posleak.interventions import Interventions
 from posleak.measure import LAYER_MAGNITUDES, measured_magnitudes
-from posleak.pipeline import AnalyzeConfig, analyze_model
+from posleak.pipeline import AnalyzeConfig, analyze_model, prepared_model
 
 
 def _expected(per_layer: pd.DataFrame) -> dict[str, float]:
@@ -72,7 +72,7 @@ def _analysis(family: str, out: Path, model_id: str, interventions: Intervention
     ids = torch.randint(3, model.config.vocab_size, (4, 40), generator=torch.Generator().manual_seed(0))
     batch = TokenBatch(ids, "verbatim", None, ids[:, 0].clone(), source="test", source_name="random ids", seed=None)
     config = AnalyzeConfig(seq_len=40, num_seqs=4, bootstrap=0, interventions=interventions or Interventions())
-    analyze_model(model, batch, config.analysis, out=out, model_id=model_id, progress=False)
+    analyze_model(prepared_model(model, batch, config.analysis, model_id), out, progress=False)
 
 
 def test_compare_command_on_run_folders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -75,7 +75,7 @@ from posleak.interventions import Interventions
 from posleak.interventions.patching import source_token
 from posleak.measure.position0 import variant_states
 from posleak.models.load import LoadedModel
-from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model
+from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model, prepared_model
 from posleak.store import RunFolder, write_json
 
 CLAIMS = ["C1", "C2", "C3", "C4", "C5", "C6"]
@@ -791,7 +791,7 @@ def test_claim_c3_on_a_model_whose_sink_heads_write_nothing() -> None:
     batch = TokenBatch(ids, "verbatim", None, ids[:, 0].clone(), source="test", source_name="test", seed=None)
     config = AnalyzeConfig(seq_len=SINK_T, num_seqs=batch.num_seqs, bootstrap=50)
     model = sink_model(SINK_LOGITS)
-    baseline = analyze_model(model, batch, config.analysis, model_id="sink-lab", progress=False)
+    baseline = analyze_model(prepared_model(model, batch, config.analysis, "sink-lab"), progress=False)
     sinks = sink_heads(baseline.per_head)
     later = [layer for layer in baseline.per_layer["layer"] if layer > sinks["layer"].min()]
     changes = {}
@@ -801,7 +801,7 @@ def test_claim_c3_on_a_model_whose_sink_heads_write_nothing() -> None:
         ("ablate-sinks", Interventions(ablate_sink_values=head_list(sinks))),
     ):
         run = analyze_model(
-            model, batch, config.replace(interventions=edit).analysis, model_id="sink-lab", progress=False
+            prepared_model(model, batch, config.replace(interventions=edit).analysis, "sink-lab"), progress=False
         )
         assert set(run.manifest["interventions"][0].values()) & {"0.0,1.3,0.2"}
         changes[name] = percent_change(baseline, run, "resid_all", later)
@@ -1095,7 +1095,9 @@ def _per_head(logits: dict[tuple[int, int], float]) -> pd.DataFrame:
     ids = sink_ids()
     batch = TokenBatch(ids, "verbatim", None, ids[:, 0].clone(), source="test", source_name="test", seed=None)
     config = AnalyzeConfig(seq_len=SINK_T, num_seqs=batch.num_seqs, bootstrap=0)
-    return analyze_model(sink_model(logits), batch, config.analysis, model_id="sink-lab", progress=False).per_head
+    return analyze_model(
+        prepared_model(sink_model(logits), batch, config.analysis, "sink-lab"), progress=False
+    ).per_head
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from posleak.capture import CaptureSession, QueryStats, use_posleak_attention
 from posleak.errors import PosleakError
-from posleak.pipeline import AnalyzeConfig, analyze_model
+from posleak.pipeline import AnalyzeConfig, analyze_model, prepared_model
 
 T, N = 3 * FAMILY_WINDOW, 6  # longer than every sliding window
 DOC = Path(__file__).resolve().parents[1] / "docs" / "families.md"
@@ -234,7 +234,7 @@ def test_family_matches_eager_and_the_brute_force(model_type: str) -> None:
 
     config = AnalyzeConfig(seq_len=T, num_seqs=N, batch_size=N, grid="exact", early=EARLY, bootstrap=0)
     with LogitRecorder(model) as recorder:
-        result = analyze_model(model, token_batch(ids), config.analysis, model_id=model_type, progress=False)
+        result = analyze_model(prepared_model(model, token_batch(ids), config.analysis, model_type), progress=False)
     assert recorder.previous == "posleak" and sorted(recorder.layers) == attention_layers
     assert result.per_layer["layer"].tolist() == attention_layers  # the model's own layer indices
     edges = grid_edges(T, exact=True)

@@ -35,7 +35,15 @@ from posleak.measure import LAYER_MAGNITUDES, behaviour, measured_magnitudes
 from posleak.measure.behaviour import behaviour_table
 from posleak.measure.bootstrap import resample_weights
 from posleak.models.load import LoadedModel, load_model
-from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model, sequences_for, sink_heads_of
+from posleak.pipeline import (
+    AnalysisResult,
+    AnalyzeConfig,
+    PreparedRun,
+    analyze_model,
+    prepared_model,
+    sequences_for,
+    sink_heads_of,
+)
 from posleak.store.manifest import fingerprint
 
 T = 3 * WINDOW
@@ -285,7 +293,7 @@ def test_auto_ablation_ablates_exactly_the_sink_heads() -> None:
     config = AnalyzeConfig(
         seq_len=SINK_T, num_seqs=batch.num_seqs, bootstrap=0, interventions=Interventions(ablate_sink_values="auto")
     )
-    result = analyze_model(sink_model(SINK_LOGITS), batch, config.analysis, model_id="sink-lab", progress=False)
+    result = analyze_model(prepared_model(sink_model(SINK_LOGITS), batch, config.analysis, "sink-lab"), progress=False)
     ablated = result.manifest["interventions"][0]["sink_heads_ablated"]
     assert ablated == {str(layer): list(heads) for layer, heads in SINK_HEADS.items()}
     scores = result.per_head.sort_values(["layer", "head"])["sink_score"].to_numpy().reshape(3, 4)
@@ -484,7 +492,7 @@ def test_auto_key0_reweighting_edits_exactly_the_sink_heads(option: str, key: st
     config = AnalyzeConfig(
         seq_len=SINK_T, num_seqs=batch.num_seqs, bootstrap=0, interventions=Interventions(**{option: "auto"})
     )
-    result = analyze_model(sink_model(SINK_LOGITS), batch, config.analysis, model_id="sink-lab", progress=False)
+    result = analyze_model(prepared_model(sink_model(SINK_LOGITS), batch, config.analysis, "sink-lab"), progress=False)
     assert result.manifest["interventions"][0][key] == {str(layer): list(heads) for layer, heads in SINK_HEADS.items()}
     (edit,) = Interventions(**{option: "auto"}).attention_edits(SINK_HEADS).output_edits
     assert edit.heads == {layer: heads for layer, heads in SINK_HEADS.items() if heads}
@@ -651,7 +659,9 @@ def test_intervene_bos_off_removes_the_bos_and_nothing_else(tmp_path: Path, chec
     with_bos = sequences_for(loaded, config.replace(bos="on").recipe)
     assert (with_bos.ids[:, 0] == 0).all() and run.baseline.manifest["bos"]["policy"] == "on"
     cut = with_bos.ids[:, 1:]
-    reference = analyze_model(loaded.model, _verbatim(cut), config.analysis, model_id="reference", progress=False)
+    reference = analyze_model(
+        prepared_model(loaded.model, _verbatim(cut), config.analysis, "reference"), progress=False
+    )
     pd.testing.assert_frame_equal(_numbers(run.intervened.per_layer), _numbers(reference.per_layer))
     pd.testing.assert_frame_equal(run.intervened.tokens, reference.tokens)
     assert run.intervened.manifest["data"]["seq_len"] == 23
@@ -735,7 +745,9 @@ def test_intervene_rope_scaling_reloads_the_model_with_the_scaled_base(
     twin.load_state_dict(loaded.model.state_dict())
     twin = use_posleak_attention(twin.float().eval())
     batch = sequences_for(loaded, config.recipe)
-    reference = analyze_model(twin, batch, config.replace(interventions=Interventions()).analysis, progress=False)
+    reference = analyze_model(
+        prepared_model(twin, batch, config.replace(interventions=Interventions()).analysis, "twin"), progress=False
+    )
     pd.testing.assert_frame_equal(_numbers(run.intervened.per_layer), _numbers(reference.per_layer))
     assert not np.allclose(run.intervened.per_layer["mask_all"], run.baseline.per_layer["mask_all"])
     _assert_effect_file_matches_the_runs(tmp_path / "run")
@@ -772,7 +784,7 @@ def test_next_token_scores_equal_transformers_loss_with_eager_attention(family: 
     model = use_posleak_attention(tiny_model(family))
     ids = _ids(model, batch=4)
     config = AnalyzeConfig(seq_len=T, num_seqs=4, batch_size=3, bootstrap=0)
-    result = analyze_model(model, _verbatim(ids), config.analysis, model_id=family, progress=False)
+    result = analyze_model(prepared_model(model, _verbatim(ids), config.analysis, family), progress=False)
     nll, hits, loss = _eager_scores(model, ids)
     got_nll, got_hits = _scores(result.tokens, (4, T - 1))
     assert result.tokens["nll"].mean() == pytest.approx(loss, abs=1e-5)
@@ -805,7 +817,7 @@ def test_real_model_next_token_scores_equal_transformers_loss(smollm2: LoadedMod
     """The same on SmolLM2-135M (a 49,152-word output layer, formed a slice of the vocabulary at a time)."""
     batch = sequences_for(smollm2, AnalyzeConfig(seq_len=96, num_seqs=2).recipe)
     config = AnalyzeConfig(seq_len=96, num_seqs=2, batch_size=2, bootstrap=0)
-    result = analyze_model(smollm2.model, batch, config.analysis, loaded=smollm2, progress=False)
+    result = analyze_model(PreparedRun.of(smollm2, batch, config), progress=False)
     nll, hits, loss = _eager_scores(smollm2.model, batch.ids)
     got_nll, got_hits = _scores(result.tokens, (2, 95))
     # posleak's attention kernel and eager round differently in float32 through 30 layers: 1e-5-size differences

@@ -23,7 +23,7 @@ from posleak.data.batches import TokenBatch
 from posleak.data.kinds import NULLS
 from posleak.data.nulls import make_null
 from posleak.experiments.evidence import Estimate, layer_mean
-from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model
+from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model, prepared_model
 
 T, N, EARLY = 48, 8, 8
 VOCAB = 96  # tests/tiny.py's vocabulary
@@ -33,7 +33,7 @@ EXACT = 1e-6  # float32 log Z of a uniform row (the kernel's) against float64 lo
 
 def _analysis(model: torch.nn.Module, batch: TokenBatch) -> AnalysisResult:
     config = AnalyzeConfig(seq_len=T, num_seqs=N, batch_size=N, bootstrap=100, early=EARLY)
-    return analyze_model(model, batch, config.analysis, model_id="tiny", progress=False)
+    return analyze_model(prepared_model(model, batch, config.analysis, "tiny"), progress=False)
 
 
 def _blind_model() -> torch.nn.Module:

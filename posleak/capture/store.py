@@ -89,11 +89,11 @@ class QKRecorder:
 
     needs_attended_keys = False
 
-    def __init__(self, folder: Captures) -> None:
+    def __init__(self, folder: Captures, skip: frozenset[int] = frozenset()) -> None:
         self.folder = folder
         self.batch: int | None = None
         self.facts: dict[int, CallFacts] = {}
-        self.skip: frozenset[int] = frozenset()  # layers whose captures are not needed (measured before a resume)
+        self.skip = skip  # layers whose captures are not needed (measured before a resume)
 
     def update(self, call: AttentionCall) -> None:
         if self.batch is None:

@@ -2,14 +2,14 @@
 
 A finished run folder is read back; otherwise every option is checked against the model and the output folder
 (`posleak.pipeline.prepare`, all problems refused at once), the model is loaded with its load-time
-interventions, and the pipeline runs (`posleak.pipeline.analyze_model`).
+interventions (loaded once), and the pipeline runs it (`posleak.pipeline.analyze_model`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model, finished_here, load_for, prepare
+from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model, finished_here, prepare
 from posleak.store import RunFolder
 
 
@@ -26,9 +26,4 @@ def analyze(
     Every problem with the input is refused at once (BadInput) before anything runs or is written."""
     if out is not None and finished_here(RunFolder(Path(out)), spec, config):
         return AnalysisResult.read(RunFolder(Path(out)))  # finished before: skip loading the model
-    loaded, batch = prepare(spec, config, out, trust_remote_code)
-    placement = config.execution.placement
-    loaded = load_for(spec, config.interventions, trust_remote_code, base=loaded, placement=placement)
-    return analyze_model(
-        loaded.model, batch, config.analysis, recipe=config.recipe, out=out, loaded=loaded, progress=progress
-    )
+    return analyze_model(prepare(spec, config, out, trust_remote_code), out, progress=progress)

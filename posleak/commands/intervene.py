@@ -28,11 +28,11 @@ from posleak.pipeline import (
     AnalysisResult,
     AnalyzeConfig,
     Preparation,
+    PreparedRun,
     analyze_model,
     finished_here,
     load_for,
     resampled_layers,
-    run_args,
     token_file_bos_problems,
 )
 from posleak.report import figures
@@ -67,27 +67,12 @@ def intervene(
         if state == COMPLETE:
             return _read(folder)
         base = baseline_config(config)
-        baseline = analyze_model(
-            base_model.model,
-            batch,
-            base.analysis,
-            recipe=base.recipe,
-            out=folder.path / "baseline",
-            loaded=base_model,
-            progress=progress,
-        )
+        baseline = analyze_model(PreparedRun.of(base_model, batch, base), folder.path / "baseline", progress=progress)
         placement = config.execution.placement
         model = load_for(spec, config.interventions, trust_remote_code, base=base_model, placement=placement)
         intervened_batch = without_bos(batch) if config.recipe.bos == "off" else batch
-        intervened = analyze_model(
-            model.model,
-            intervened_batch,
-            config.analysis,
-            recipe=config.recipe,
-            out=folder.path / "intervened",
-            loaded=model,
-            progress=progress,
-        )
+        prepared = PreparedRun.of(model, intervened_batch, config)
+        intervened = analyze_model(prepared, folder.path / "intervened", progress=progress)
         effect = effect_table(baseline, intervened)
         folder.write_table("effect", effect)
         behaviour = behaviour_table(
@@ -152,13 +137,13 @@ def checked_intervention(
     args: dict[str, object] = {}
     if check.ready:
         assert loaded is not None and batch is not None  # `ready`
-        args = {**run_args(loaded.name, loaded, batch, config.identity()), "command": COMMAND}
+        args = {**PreparedRun.of(loaded, batch, config).fingerprint(), "command": COMMAND}
         intervened = without_bos(batch) if bos_off else batch
         check.check_folders(
             {
                 Path(out): args,
-                Path(out) / "baseline": run_args(loaded.name, loaded, batch, base.identity()),
-                Path(out) / "intervened": run_args(loaded.name, loaded, intervened, config.identity()),
+                Path(out) / "baseline": PreparedRun.of(loaded, batch, base).fingerprint(),
+                Path(out) / "intervened": PreparedRun.of(loaded, intervened, config).fingerprint(),
             }
         )
     loaded, batch = check.done()

@@ -45,6 +45,7 @@ from posleak.models.load import LoadedModel
 from posleak.pipeline import (
     AnalysisResult,
     AnalyzeConfig,
+    PreparedRun,
     analyze_model,
     checked_model,
     finished_here,
@@ -127,17 +128,9 @@ class AnalysisJob:
             return AnalysisResult.read(RunFolder(self.out))
         models = models if models is not None else _PROCESS_MODELS
         batch = self.sequences(models)
-        config = self.config
-        loaded = models.get(self.model, config.interventions, config.execution.placement)
+        loaded = models.get(self.model, self.config.interventions, self.config.execution.placement)
         return analyze_model(
-            loaded.model,
-            batch,
-            config.analysis,
-            recipe=config.recipe,
-            out=self.out,
-            loaded=loaded,
-            progress=progress,
-            report=self.report,
+            PreparedRun.of(loaded, batch, self.config), self.out, progress=progress, report=self.report
         )
 
 
@@ -248,20 +241,21 @@ def safe_name(text: str) -> str:
 
 
 def batch_problems(jobs: Sequence[AnalysisJob], out: Path) -> list[str]:
-    """Every problem with the batch's runs, found before any of them starts: each model is loaded once, here,
-    and every run's options are checked against it and its run folder."""
+    """Every problem with the batch's runs, found before any of them starts: each model is loaded once, here
+    (with its load-time interventions), and every run's options are checked against it and its run folder."""
     problems = Problems()
     problems.extend(out_folder_problems(out))
     names = [job.name for job in jobs]
     if len(set(names)) != len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
         problems.add(f"batch runs {twice} would share a folder; give the models different folder names")
-    loaded: dict[tuple[str, Placement], LoadedModel | None] = {}
+    loaded: dict[LoadKey, LoadedModel | None] = {}
     for job in jobs:
-        key = (job.model, job.config.execution.placement)
+        interventions, placement = job.config.interventions, job.config.execution.placement
+        key = load_key(job.model, interventions, placement)
         if key not in loaded:
             found = Problems()
-            loaded[key] = checked_model(found, job.model, False, job.config.execution.placement)
+            loaded[key] = checked_model(found, job.model, False, placement, interventions)
             problems.extend([f"{job.model}: {p}" for p in found.found])
         if loaded[key] is None:
             continue

@@ -54,7 +54,7 @@ class Intervention(ABC):
 
     name: ClassVar[str]
     options: ClassVar[tuple[Option, ...]]  # the first one turns it on (a value other than None)
-    # whether `load_overrides` changes the model's config: the model is then loaded again for the run
+    # whether `load_overrides` changes the model's config: the model is then loaded with them (posleak.pipeline.prepare)
     at_load: ClassVar[bool] = False
     # the manifest's key for the heads an `auto` chose (`needs_sink_heads`), for one that reads sink heads
     chosen_heads_key: ClassVar[str | None] = None

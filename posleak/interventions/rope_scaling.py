@@ -24,8 +24,9 @@ class RopeScaling(Intervention):
         with found.collecting():
             if values["rope_scaling"] is not None:
                 parse_rope_scaling(values["rope_scaling"])
-                if model is not None:
-                    self.load_overrides(values, model.model.config)  # refuses a model without plain RoPE
+                # refuses a model without plain RoPE; one loaded with the scaling was checked as it loaded
+                if model is not None and not model.overrides:
+                    self.load_overrides(values, model.model.config)
         return found.found
 
     def load_overrides(self, values: Values, config: PretrainedConfig) -> dict[str, Any]:

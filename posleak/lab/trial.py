@@ -48,7 +48,7 @@ from posleak.lab.trainer import TrainConfig, evaluate_loss, task_solved, torch_t
 from posleak.measure.probe import ProbeConfig, best_r2, probe_positions
 from posleak.models.lab.config import LabSpec
 from posleak.models.lab.model import LabForCausalLM, load_lab_model
-from posleak.pipeline import AnalysisOptions, Execution, MeasureOptions, analyze_model
+from posleak.pipeline import AnalysisOptions, Execution, MeasureOptions, analyze_model, prepared_model
 from posleak.store.jsonfile import dumps, nan_for_none, write_json
 
 MARKER = "complete.json"
@@ -268,16 +268,9 @@ def _position_measures(
         # the device is recorded in the manifest; the analysis runs where the model is, in float32
         Execution(batch_size=ev.batch_size, placement=Placement(device=config.device)),
     )
-    analysis = analyze_model(
-        model,
-        batch,
-        options,
-        out=folder / "analysis",
-        model_id=f"lab:{trial.name}",
-        tokenizer=tokenizer,
-        progress=progress,
-        report=False,  # the lab's report is drawn from the trials' tables
-    )
+    prepared = prepared_model(model, batch, options, f"lab:{trial.name}", tokenizer)
+    # report=False: the lab's report is drawn from the trials' tables
+    analysis = analyze_model(prepared, folder / "analysis", progress=progress, report=False)
     per_layer = analysis.per_layer
     per_layer.to_parquet(folder / "per_layer.parquet", index=False)
     values["mask_all"] = float(per_layer["mask_all"].mean())

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,11 @@ class LoadedModel:
     file_hash: str  # SHA-256 of the weights file (of the sorted name/hash list when sharded)
     facts: ModelFacts
     source_hash: str | None = None  # SHA-256 of the GGUF the weights were converted from, if any
+    overrides: dict[str, Any] = field(default_factory=dict)  # the config fields set as it loaded (RoPE scaling)
+
+
+# Config fields to replace, or what computes them from the config as read (posleak's load-time interventions)
+ConfigOverrides = dict[str, Any] | Callable[[Any], dict[str, Any]]
 
 
 def load_model(
@@ -50,7 +56,7 @@ def load_model(
     *,
     dtype: torch.dtype | None = None,
     trust_remote_code: bool = False,
-    config_overrides: dict[str, Any] | None = None,
+    config_overrides: ConfigOverrides | None = None,
     cache: Path | str | None = None,
     placement: Placement | None = None,
 ) -> LoadedModel:
@@ -62,7 +68,8 @@ def load_model(
     weight is read.
 
     `config_overrides` replaces config fields (whole values, no deep merge) before the model is
-    built, e.g. {"rope_parameters": {...}} or {"sliding_window": 128}; unknown fields are refused.
+    built, e.g. {"rope_parameters": {...}} or {"sliding_window": 128}, or computes them from the (text) config
+    as read (`Interventions.config_overrides`: the model loads once, with them); unknown fields are refused.
     `cache` is the zoo's cache root for built-in names (default: $POSLEAK_CACHE, ~/.cache/posleak).
     """
     source, gguf = model_files(spec, trust_remote_code, cache)
@@ -76,7 +83,7 @@ def load_model(
     placement = placement or Placement()
     dtype = dtype or placement.torch_dtype()
     register_lab_model()  # so that the Auto classes read a lab checkpoint folder (model_type posleak_lab)
-    model, tokenizer = _read(spec, folder, gguf, dtype, trust_remote_code, config_overrides, placement)
+    model, tokenizer, overrides = _read(spec, folder, gguf, dtype, trust_remote_code, config_overrides, placement)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -85,6 +92,7 @@ def load_model(
         file_hash=file_hash,
         facts=ModelFacts.read(model.config, tokenizer),
         source_hash=source_hash,
+        overrides=overrides,
     )
 
 
@@ -141,41 +149,44 @@ def _read(
     gguf: str | None,
     dtype: torch.dtype,
     trust_remote_code: bool,
-    overrides: dict[str, Any] | None,
+    overrides: ConfigOverrides | None,
     placement: Placement,
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Build the model (eval mode, posleak's attention, on its device) and its tokenizer; load failures
-    become one line."""
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
+    """Build the model (eval mode, posleak's attention, on its device) and its tokenizer, with the config fields
+    `overrides` set; load failures become one line."""
     from posleak.capture.attention import use_posleak_attention
 
     try:
+        if gguf is not None and placement.device_map is not None:
+            raise PosleakError(
+                f"--device-map needs a safetensors checkpoint; {name} is a GGUF file: convert it "
+                "(posleak fetch does for the built-in models) or drop --device-map"
+            )
         if gguf is None:
-            model, tokenizer = _read_safetensors(name, folder, dtype, trust_remote_code, overrides, placement)
+            as_read = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
         else:
-            if placement.device_map is not None:
-                raise PosleakError(
-                    f"--device-map needs a safetensors checkpoint; {name} is a GGUF file: convert it "
-                    "(posleak fetch does for the built-in models) or drop --device-map"
-                )
-            config = _configure(AutoConfig.from_pretrained(folder, gguf_file=gguf), overrides)
+            as_read = AutoConfig.from_pretrained(folder, gguf_file=gguf)
+        config, fields = _configure(as_read, overrides)
+        if gguf is None:
+            model, tokenizer = _read_safetensors(name, folder, config, dtype, trust_remote_code, placement)
+        else:
             model, tokenizer = zoo.read_gguf(folder / gguf, dtype, config)
     except (OSError, ValueError, SafetensorError) as err:
         raise load_error(name, err) from None
     if placement.device_map is None:
         model = model.to(placement.torch_device())
     use_posleak_attention(model.eval())
-    return model, tokenizer
+    return model, tokenizer, fields
 
 
 def _read_safetensors(
     name: str,
     folder: Path,
+    config: Any,
     dtype: torch.dtype,
     trust_remote_code: bool,
-    overrides: dict[str, Any] | None,
     placement: Placement,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    config = _configure(AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code), overrides)
     device_map = None
     if placement.device_map is not None:
         device_map = _device_map(name, config, dtype, placement, trust_remote_code)
@@ -221,14 +232,16 @@ def _gib(size: int) -> str:
     return f"{size / 2**30:.2f} GiB"
 
 
-def _configure(config: Any, overrides: dict[str, Any] | None) -> Any:
-    """Apply `overrides` to the config (the text config of a multimodal one)."""
+def _configure(config: Any, overrides: ConfigOverrides | None) -> tuple[Any, dict[str, Any]]:
+    """The config with `overrides` (given, or computed from the config as read) applied to it (to the text config
+    of a multimodal one), and the fields set."""
     target = config.get_text_config(decoder=True)
-    for key, value in (overrides or {}).items():
+    fields = overrides(target) if callable(overrides) else overrides or {}
+    for key, value in fields.items():
         if not hasattr(target, key):
             raise PosleakError(f"config_overrides: {type(target).__name__} has no field {key!r}")
         setattr(target, key, value)
-    return config
+    return config, fields
 
 
 def _download_hub(repo: str, trust_remote_code: bool) -> Path:

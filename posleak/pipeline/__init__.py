@@ -4,10 +4,12 @@ typed result) → write (tables, manifest, report)."""
 from posleak.pipeline.config import AnalysisOptions, AnalyzeConfig, Execution, MeasureOptions
 from posleak.pipeline.prepare import (
     Preparation,
+    PreparedRun,
     checked_model,
     checked_sequences,
     load_for,
     prepare,
+    prepared_model,
     run_args,
     sequences_for,
     token_file_bos_problems,
@@ -22,6 +24,7 @@ __all__ = [
     "Execution",
     "MeasureOptions",
     "Preparation",
+    "PreparedRun",
     "analyze_model",
     "attention_stats",
     "checked_model",
@@ -29,6 +32,7 @@ __all__ = [
     "finished_here",
     "load_for",
     "prepare",
+    "prepared_model",
     "resampled_layers",
     "run_args",
     "sequences_for",

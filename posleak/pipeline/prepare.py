@@ -1,18 +1,22 @@
 """Every check of a command's input before any work: the options against each other, the model's facts and the
-output folder, all problems refused at once (one BadInput); then the model and the sequences the run takes.
+output folder, all problems refused at once (one BadInput); then one `PreparedRun`, what `analyze_model` runs: the
+model loaded once with its load-time interventions, the sequences, the options and the run folder's fingerprint.
 
 `prepare` is the check of `analyze` (and of each analysis of a batch); `Preparation` holds its steps, so that a
 command with more to check (`intervene`: its own runs and the `--bos off` intervention) goes through the same
-ones. Nothing here runs the model or writes a file.
+ones. `prepared_model` is the way in for a model already in memory (the lab's, a test's). Nothing here runs the
+model or writes a file.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posleak.capture.residual import decoder_layers, skipped_layers
 from posleak.data.batches import TokenBatch, load_token_file, make_sequences, shape_problems
@@ -20,12 +24,39 @@ from posleak.data.corpus import load_corpus
 from posleak.data.nulls import make_null
 from posleak.data.recipe import Recipe
 from posleak.device import Placement
+from posleak.errors import BadInput
 from posleak.interventions import Interventions
 from posleak.models.facts import attention_chunk
 from posleak.models.load import LoadedModel, load_model
-from posleak.pipeline.config import AnalyzeConfig
+from posleak.pipeline.config import AnalysisOptions, AnalyzeConfig
 from posleak.store import RunFolder
 from posleak.validate import Problems, out_folder_problems
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """One analysis ready to run (`analyze_model`), its input checked: made by `prepare` (a checkpoint) or
+    `prepared_model` (a model in memory)."""
+
+    model: PreTrainedModel  # switched to posleak's attention, with its load-time interventions
+    batch: TokenBatch
+    options: AnalysisOptions
+    model_id: str  # what the run records as its model: a checkpoint's spec, or a name given
+    tokenizer: PreTrainedTokenizerBase | None = None
+    loaded: LoadedModel | None = None  # a checkpoint's provenance (its file hash); None for a model in memory
+    recipe: Recipe | None = None  # what made the sequences, where a command made them
+
+    @classmethod
+    def of(cls, loaded: LoadedModel, batch: TokenBatch, config: AnalyzeConfig) -> PreparedRun:
+        """`config`'s analysis of `batch` on the checkpoint `loaded`."""
+        return cls(loaded.model, batch, config.analysis, loaded.name, loaded.tokenizer, loaded, config.recipe)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What the run folder records and a resume compares (`run_args`)."""
+        identity = self.options.identity()
+        if self.recipe is not None:
+            identity = self.recipe.identity() | identity
+        return run_args(self.model_id, self.loaded, self.batch, identity)
 
 
 class Preparation:
@@ -47,9 +78,18 @@ class Preparation:
                 self.problems.extend(config.problems())
             self.problems.raise_any()
 
-    def load(self, spec: str, trust_remote_code: bool, placement: Placement, base: LoadedModel | None = None) -> None:
-        """The model `spec` without load-time interventions (`base`: already loaded)."""
-        self.loaded = base if base is not None else checked_model(self.problems, spec, trust_remote_code, placement)
+    def load(
+        self,
+        spec: str,
+        trust_remote_code: bool,
+        placement: Placement,
+        base: LoadedModel | None = None,
+        interventions: Interventions | None = None,
+    ) -> None:
+        """The model `spec` (`base`: already loaded), with the load-time interventions of `interventions`."""
+        if base is None:
+            base = checked_model(self.problems, spec, trust_remote_code, placement, interventions)
+        self.loaded = base
 
     def make_sequences(self, config: AnalyzeConfig) -> None:
         self.batch = checked_sequences(self.problems, self.loaded, config)
@@ -83,13 +123,13 @@ def prepare(
     out: Path | str | None,
     trust_remote_code: bool = False,
     base: LoadedModel | None = None,
-) -> tuple[LoadedModel, TokenBatch]:
-    """The model (without load-time interventions; `base`: already loaded) and the sequences of `analyze`, once
-    every option has been checked against the others, the model's facts and the output folder; BadInput lists
-    every problem. Nothing is run on the model and nothing is written."""
+) -> PreparedRun:
+    """The run of `analyze`: the model loaded once, with the load-time interventions (`base`: already loaded so),
+    and the sequences, once every option has been checked against the others, the model's facts and the output
+    folder; BadInput lists every problem. Nothing is run on the model and nothing is written."""
     check = Preparation(out)
     check.refuse_placement(config)
-    check.load(spec, trust_remote_code, config.execution.placement, base)
+    check.load(spec, trust_remote_code, config.execution.placement, base, config.interventions)
     check.make_sequences(config)
     if check.loaded is not None and check.batch is not None:
         check.problems.extend(token_file_bos_problems(check.loaded, check.batch, config.recipe))
@@ -97,16 +137,35 @@ def prepare(
     check.problems.extend(config.interventions.problems(check.loaded, check.bos_at_0))
     if out is not None and check.ready:
         assert check.loaded is not None and check.batch is not None  # `ready`
-        check.check_folders({Path(out): run_args(check.loaded.name, check.loaded, check.batch, config.identity())})
-    return check.done()
+        check.check_folders({Path(out): PreparedRun.of(check.loaded, check.batch, config).fingerprint()})
+    return PreparedRun.of(*check.done(), config)
+
+
+def prepared_model(
+    model: PreTrainedModel,
+    batch: TokenBatch,
+    options: AnalysisOptions,
+    model_id: str,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> PreparedRun:
+    """The run of a model already in memory (switched to posleak's attention) on `batch`, once `options` have been
+    checked for its shape (any N: with one sequence the noise-corrected magnitudes are NaN, docs/method.md §3)."""
+    if problems := options.measure.problems(batch.seq_len, None) + options.execution.problems():
+        raise BadInput(problems)
+    return PreparedRun(model, batch, options, model_id, tokenizer)
 
 
 def checked_model(
-    problems: Problems, spec: str, trust_remote_code: bool, placement: Placement | None = None
+    problems: Problems,
+    spec: str,
+    trust_remote_code: bool,
+    placement: Placement | None = None,
+    interventions: Interventions | None = None,
 ) -> LoadedModel | None:
-    """The model `spec` without load-time interventions; None, with the reason in `problems`, if it will not load."""
+    """The model `spec`, with the load-time interventions of `interventions` (RoPE scaling: loaded once, with
+    them); None, with the reason in `problems`, if it will not load."""
     with problems.collecting():
-        return load_model(spec, trust_remote_code=trust_remote_code, placement=placement)
+        return load_for(spec, interventions or Interventions(), trust_remote_code, placement=placement)
     return None
 
 
@@ -178,13 +237,14 @@ def load_for(
     base: LoadedModel | None = None,
     placement: Placement | None = None,
 ) -> LoadedModel:
-    """The model with the load-time interventions (RoPE scaling) applied to its config (`base`: the model
-    already loaded without them), where `placement` says."""
-    loaded = base if base is not None else load_model(spec, trust_remote_code=trust_remote_code, placement=placement)
-    overrides = interventions.config_overrides(loaded.model.config)
-    if overrides:
-        loaded = load_model(spec, trust_remote_code=trust_remote_code, config_overrides=overrides, placement=placement)
-    return loaded
+    """The model with the load-time interventions (RoPE scaling) set in its config as it loads, where `placement`
+    says; `base`, the model already loaded without them, where there are none (`intervene`'s baseline model)."""
+    if not interventions.at_load():
+        if base is not None:
+            return base
+        return load_model(spec, trust_remote_code=trust_remote_code, placement=placement)
+    overrides = interventions.config_overrides
+    return load_model(spec, trust_remote_code=trust_remote_code, config_overrides=overrides, placement=placement)
 
 
 def sequences_for(loaded: LoadedModel, recipe: Recipe) -> TokenBatch:

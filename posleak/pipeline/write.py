@@ -8,14 +8,13 @@ from typing import Any
 
 import pandas as pd
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from posleak.capture.residual import ClosedSystemReport, skipped_layers
 from posleak.data.batches import TokenBatch
 from posleak.measure import LAYER_MAGNITUDES, Decomposition, layer_value
 from posleak.measure.position0 import fingerprint_constancy
-from posleak.models.load import LoadedModel
-from posleak.pipeline.config import AnalysisOptions
+from posleak.pipeline.prepare import PreparedRun
 from posleak.pipeline.result import AnalysisResult
 from posleak.report import figures
 from posleak.report.html import FigureBlock, Section, TableBlock, render_report
@@ -76,18 +75,15 @@ def _layer_layout(decomposition: Decomposition) -> pd.DataFrame:
 
 
 def run_manifest(
-    model: PreTrainedModel,
-    model_id: str,
-    loaded: LoadedModel | None,
-    batch: TokenBatch,
-    options: AnalysisOptions,
-    tokenizer: PreTrainedTokenizerBase | None,
+    prepared: PreparedRun,
     decomposition: Decomposition,
     closed: ClosedSystemReport,
     sink_heads: dict[int, tuple[int, ...]] | None,
     timings: dict[str, float],
 ) -> dict[str, Any]:
     """The run's manifest: provenance, the data, the measurement, where the model ran, the closed system."""
+    model, model_id, loaded, batch = prepared.model, prepared.model_id, prepared.loaded, prepared.batch
+    options, tokenizer = prepared.options, prepared.tokenizer
     interventions = options.interventions.describe(sink_heads)
     manifest = provenance(
         model_id=model_id,
