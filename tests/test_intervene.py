@@ -27,9 +27,9 @@ from posleak.commands.intervene import effect_table, intervene
 from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
 from posleak.interventions import Interventions
-from posleak.interventions.base import Intervention, Option, SinkHeads, Values
+from posleak.interventions.base import Intervention, Option, Values
 from posleak.interventions.embedding import mean_embedding
-from posleak.interventions.heads import parse_heads
+from posleak.interventions.heads import SinkHeads, parse_heads
 from posleak.interventions.registry import REGISTRY
 from posleak.measure import LAYER_MAGNITUDES, behaviour, measured_magnitudes
 from posleak.measure.behaviour import behaviour_table

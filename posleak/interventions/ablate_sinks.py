@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from posleak.data.kinds import ABLATE_MODES
-from posleak.interventions.base import Intervention, Option, SinkHeads, Values
-from posleak.interventions.heads import head_problems, heads_of
+from posleak.interventions.base import Intervention, Option, Values
+from posleak.interventions.heads import SinkHeads, head_problems, heads_of
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

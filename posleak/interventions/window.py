@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 from posleak.errors import PosleakError
-from posleak.interventions.base import Intervention, Option, SinkHeads, Values
+from posleak.interventions.base import Intervention, Option, Values
+from posleak.interventions.heads import SinkHeads
 from posleak.validate import Problems, natural_number
 
 if TYPE_CHECKING:
