@@ -91,7 +91,8 @@ class Intervention(ABC):
         model: PreTrainedModel | None,
         tokenizer: PreTrainedTokenizerBase | None,
     ) -> None:
-        """Declare its edits inside the attention function on `edits`."""
+        """Add its edits inside the attention function to `edits`: mask edits, output edits, each applied after
+        those of the interventions registered before it."""
 
     def hooks(
         self, values: Values, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, bos_at_0: bool
