@@ -30,8 +30,10 @@ from posleak.capture import (
 )
 from posleak.capture.attention import blockwise_attention
 from posleak.capture.masks import MaskSpec, model_mask, spec_of
+from posleak.capture.session import AttentionCall, OutputEdit
 from posleak.capture.store import CaptureMemory, QKRecorder
 from posleak.errors import PosleakError
+from posleak.interventions.window import WindowOverride
 from posleak.pipeline import AnalyzeConfig, analyze_model, prepared_model
 
 T = 3 * WINDOW  # longer than every sliding window
@@ -140,11 +142,59 @@ def test_sliding_window_is_applied() -> None:
     model = use_posleak_attention(tiny_model("mistral"))
     ids = _ids(model)
     states = []
-    for edits in (AttentionEdits(), AttentionEdits(window="global")):
+    for edits in (AttentionEdits(), AttentionEdits(mask_edits=(WindowOverride(None),))):
         session = CaptureSession(edits=edits)
         states.append(session.forward(model, ids).last_hidden_state)
     assert not torch.allclose(states[0][:, WINDOW:], states[1][:, WINDOW:], atol=1e-4)
     torch.testing.assert_close(states[0][:, :WINDOW], states[1][:, :WINDOW], rtol=1e-5, atol=1e-5)
+
+
+class _Outputs:
+    """Keeps each layer's attention output as the session records it (after every edit)."""
+
+    needs_attended_keys = False
+
+    def __init__(self) -> None:
+        self.by_layer: dict[int, torch.Tensor] = {}
+
+    def update(self, call: AttentionCall) -> None:
+        self.by_layer[call.layer] = call.output.clone()
+
+
+def _outputs(model: torch.nn.Module, ids: torch.Tensor, *edits: OutputEdit) -> dict[int, torch.Tensor]:
+    recorder = _Outputs()
+    CaptureSession([recorder], AttentionEdits(output_edits=edits)).forward(model, ids)
+    return recorder.by_layer
+
+
+def _head_edit(layer: int, head: int, value: float | None) -> OutputEdit:
+    """An output edit from outside posleak: `head`'s output in `layer` set to `value` (None: plus one)."""
+
+    def edit(call: AttentionCall) -> torch.Tensor:
+        output = call.output.clone()
+        if call.layer == layer:
+            output[:, head] = output[:, head] + 1 if value is None else value
+        return output
+
+    return edit
+
+
+def test_an_output_edit_from_outside_acts_on_exactly_its_head_and_edits_compose_in_order() -> None:
+    """AttentionEdits applies whatever output edits it is given, nothing named after one intervention: zeroing
+    head 1 of layer 1 changes that head's output there and nothing else of that layer or the layers before it (bit
+    for bit), and the layers after it see the change; two edits apply in their order, each to the output the one
+    before it left."""
+    model = use_posleak_attention(tiny_model("llama"))
+    ids = _ids(model)
+    base, zeroed = _outputs(model, ids), _outputs(model, ids, _head_edit(1, 1, 0.0))
+    expected = base[1].clone()
+    expected[:, 1] = 0.0
+    torch.testing.assert_close(zeroed[0], base[0], rtol=0, atol=0)
+    torch.testing.assert_close(zeroed[1], expected, rtol=0, atol=0)
+    assert not torch.allclose(zeroed[2], base[2])
+    then_one = _outputs(model, ids, _head_edit(1, 1, 0.0), _head_edit(1, 1, None))
+    torch.testing.assert_close(then_one[1][:, 1], torch.ones_like(expected[:, 1]), rtol=0, atol=0)
+    torch.testing.assert_close(_outputs(model, ids, _head_edit(1, 1, None), _head_edit(1, 1, 0.0))[1], expected)
 
 
 def test_padding_mask_is_refused() -> None:

@@ -27,9 +27,11 @@ from posleak.commands.intervene import effect_table, intervene
 from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
 from posleak.interventions import Interventions
-from posleak.interventions.base import Intervention, Option, SinkHeads, Values
+from posleak.interventions.base import Intervention, Option, Values
 from posleak.interventions.embedding import mean_embedding
-from posleak.interventions.heads import parse_heads
+from posleak.interventions.heads import SinkHeads, parse_heads
+from posleak.interventions.key0_reads import Key0Reads
+from posleak.interventions.key0_values import Key0ValueAblation
 from posleak.interventions.registry import REGISTRY
 from posleak.measure import LAYER_MAGNITUDES, behaviour, measured_magnitudes
 from posleak.measure.behaviour import behaviour_table
@@ -181,6 +183,69 @@ def test_ablating_key0_of_a_reading_head_changes_later_queries_only() -> None:
     assert not torch.allclose(ablated[1, :, 1:], base[1, :, 1:])
 
 
+def _ablating_attention(heads: dict[int, tuple[int, ...]], mode: str) -> Callable[..., tuple[torch.Tensor, None]]:
+    """Attention from the definition (float64) in which the queries i ≥ 1 of `heads` (layer → heads) read key 0's
+    value as zero (`mode` "zero") or as the mean of the values at keys 1.. of their sequence ("mean")."""
+
+    def attention(module, query, key, value, attention_mask, scaling=None, sliding_window=None, **kwargs):  # type: ignore[no-untyped-def]
+        k, v, attend = _by_definition(query, key, value, scaling, sliding_window)
+        out = attend(k, v)
+        for head in heads.get(int(module.layer_idx), ()):
+            ablated = v.clone()
+            ablated[:, head, 0] = 0.0 if mode == "zero" else v[:, head, 1:].mean(dim=-2)
+            out[:, head, 1:] = attend(k, ablated)[:, head, 1:]
+        return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+    return attention
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_ablating_key0_equals_a_brute_force_forward_with_the_value_replaced(mode: str) -> None:
+    """--ablate-sink-values: every resid state equals a float64 brute force in which the named heads' queries
+    i ≥ 1 read a replaced value at key 0 (heads that share a KV head with one left alone, in Gemma windowed layers
+    too); query 0 keeps its own value."""
+    model = use_posleak_attention(tiny_model("gemma3"))
+    ids, heads = _ids(model), "0.1,1.2,1.3,2.0"
+    ablated = _resid(model, ids, Interventions(ablate_sink_values=heads, ablate_mode=mode).attention_edits())
+    previous = model.config._attn_implementation
+    try:
+        AttentionInterface.register("ablate_reference", _ablating_attention(parse_heads(heads), mode))
+        model.set_attn_implementation("ablate_reference")
+        reference = _resid(model, ids)
+    finally:
+        model.set_attn_implementation(previous)
+    torch.testing.assert_close(ablated, reference.to(ablated), rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(ablated[-1, :, 1:], _resid(model, ids)[-1, :, 1:])  # the ablation acted
+
+
+def test_the_value_ablation_edits_before_the_other_output_edits() -> None:
+    """The output edits apply in registry order, whatever order the options are given in: the value ablation
+    first (on the model's own output), then the reweightings of key 0."""
+    given = Interventions(remove_sink_reads="0.1", hold_sink_clock="0.2", ablate_sink_values="0.1")
+    edits = given.attention_edits().output_edits
+    assert [type(edit) for edit in edits] == [Key0ValueAblation, Key0Reads, Key0Reads]
+    assert [edit.target for edit in edits[1:]] == ["mean", "zero"]
+
+
+def _by_definition(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None, window: int | None
+) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """A layer's attention written from the definition, in float64: its keys and values (GQA expanded) and
+    `attend(keys, values)`, the causal (and windowed) softmax attention of its queries over them."""
+    groups = query.shape[1] // key.shape[1]
+    q = query.double()
+    k, v = key.repeat_interleave(groups, 1).double(), value.repeat_interleave(groups, 1).double()
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    i, j = torch.arange(q.shape[-2])[:, None], torch.arange(q.shape[-2])[None, :]
+    valid = (j <= i) & ((i - j < window) if window else True)
+
+    def attend(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        logits = (q @ keys.transpose(-1, -2) * scale).masked_fill(~valid, float("-inf"))
+        return torch.softmax(logits, dim=-1) @ values
+
+    return k, v, attend
+
+
 def _brute_force_attention(
     record: dict[int, tuple[torch.Tensor, torch.Tensor]],
     patch: dict[int, tuple[int, ...]],
@@ -190,17 +255,8 @@ def _brute_force_attention(
     i ≥ 1 of `patch`'s heads attend over `record`'s k_0 and v_0 in place of their own."""
 
     def attention(module, query, key, value, attention_mask, scaling=None, sliding_window=None, **kwargs):  # type: ignore[no-untyped-def]
-        layer, groups = int(module.layer_idx), query.shape[1] // key.shape[1]
-        q = query.double()
-        k, v = key.repeat_interleave(groups, 1).double(), value.repeat_interleave(groups, 1).double()
-        scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-        i, j = torch.arange(q.shape[-2])[:, None], torch.arange(q.shape[-2])[None, :]
-        valid = (j <= i) & ((i - j < sliding_window) if sliding_window else True)
-
-        def attend(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-            logits = (q @ keys.transpose(-1, -2) * scale).masked_fill(~valid, float("-inf"))
-            return torch.softmax(logits, dim=-1) @ values
-
+        layer = int(module.layer_idx)
+        k, v, attend = _by_definition(query, key, value, scaling, sliding_window)
         out = attend(k, v)
         if not patch:
             record[layer] = (k[0, :, 0].clone(), v[0, :, 0].clone())
@@ -282,8 +338,8 @@ def test_sink_heads_of_a_model_built_with_them(
     config = AnalyzeConfig(seq_len=SINK_T, num_seqs=batch.num_seqs, batch_size=2)
     heads = sink_heads_of(sink_model(logits), batch, config.execution.batch_size)
     assert heads == expected
-    edits = Interventions(ablate_sink_values="auto").attention_edits(heads)
-    assert edits.ablate_key0 == {layer: chosen for layer, chosen in expected.items() if chosen}
+    (ablation,) = Interventions(ablate_sink_values="auto").attention_edits(heads).output_edits
+    assert ablation.heads == {layer: chosen for layer, chosen in expected.items() if chosen}
 
 
 def test_auto_ablation_ablates_exactly_the_sink_heads() -> None:

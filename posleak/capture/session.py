@@ -12,15 +12,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel
 
 from posleak.capture.masks import MaskSpec
 from posleak.capture.residual import base_of
-from posleak.data.kinds import AblateMode
 from posleak.errors import PosleakError
 
 _ACTIVE: ContextVar[CaptureSession | None] = ContextVar("posleak_capture_session", default=None)
@@ -50,7 +49,7 @@ class AttentionCall:
     mask: MaskSpec
     log_z: torch.Tensor  # (B, H, T): log Z_i over the valid keys plus the sink logit (0 for sigmoid)
     log_z_keys: torch.Tensor  # (B, H, T): log Z_i over the valid keys alone
-    output: torch.Tensor  # (B, H, T, Dv), after any ablation of the value at key 0
+    output: torch.Tensor  # (B, H, T, Dv); once recorded, after every output edit (AttentionEdits)
     attended_keys: torch.Tensor | None  # (B, H, T, D): Σ_j a_ij k_j, when an accumulator asked for it
     sequence_index: torch.Tensor  # (B,) position of each row in the input order
     groups: int = 1  # query heads per KV head (GQA)
@@ -84,6 +83,7 @@ class AttentionCall:
         return torch.exp(self.key0_logits() - self.log_z)
 
 
+MaskEdit = Callable[[MaskSpec], MaskSpec]  # the mask structure a layer asked for → the one it computes with
 OutputEdit = Callable[[AttentionCall], torch.Tensor]  # a call → its edited output (B, H, T, Dv)
 
 
@@ -98,50 +98,31 @@ class Accumulator(Protocol):
 
 @dataclass
 class AttentionEdits:
-    """Declared changes to what attention computes (docs/method.md §9), applied in every layer.
+    """Declared changes to what attention computes (docs/method.md §9), applied in every layer. The interventions
+    above this floor supply them (posleak.interventions: each intervention's `edit_attention`, in registry order);
+    this floor only applies them, each in order.
 
-    window: None keeps the model's windows, an int gives every layer that window, "global" removes them.
-    ablate_key0: layer → heads whose value vector at key 0, as read by queries i ≥ 1, is replaced
-    ("zero" or the "mean" of the other keys' values in that sequence and head).
-    output_edits: further edits of a call's output, applied in order after the ablation (an intervention
-    above this floor supplies them: posleak.interventions.key0, posleak.interventions.key0_reads).
+    mask_edits: each takes the mask structure the model asked for (as the edits before it left it) to the one
+    attention is computed with (posleak.interventions.window).
+    output_edits: each takes a call, its output as the edits before it left it, to its edited output
+    (posleak.interventions.key0_values, key0, key0_reads).
     """
 
-    window: int | Literal["global"] | None = None
-    ablate_key0: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    ablate_mode: AblateMode = "zero"
+    mask_edits: tuple[MaskEdit, ...] = ()
     output_edits: tuple[OutputEdit, ...] = ()
 
+    def mask_for(self, spec: MaskSpec) -> MaskSpec:
+        """The mask structure attention computes with: the model's `spec` after every mask edit."""
+        for edit in self.mask_edits:
+            spec = edit(spec)
+        return spec
+
     def edited_output(self, call: AttentionCall) -> torch.Tensor:
-        """The call's output after every declared edit of it."""
-        output = self.ablate_key0_values(call)
+        """The call's output after every output edit of it."""
+        output = call.output
         for edit in self.output_edits:
             call.output = output
             output = edit(call)
-        return output
-
-    def mask_for(self, spec: MaskSpec) -> MaskSpec:
-        if self.window is None:
-            return spec
-        window = None if self.window == "global" else int(self.window)
-        return MaskSpec(causal=spec.causal, window=window, prefix=spec.prefix)
-
-    def ablate_key0_values(self, call: AttentionCall) -> torch.Tensor:
-        """The call's output with the value at key 0 replaced in the chosen heads, for queries i ≥ 1.
-
-        Query 0 keeps reading its own value: position 0 stays the closed system it was, and what is
-        removed is exactly what later queries read from the sink. Exact, as a correction of the
-        output: o_i += a_{i,0}·(v_0' − v_0).
-        """
-        heads = self.ablate_key0.get(call.layer)
-        if not heads:
-            return call.output
-        index = torch.tensor(heads, device=call.value.device)
-        old = call.value[:, index, 0]
-        new = torch.zeros_like(old) if self.ablate_mode == "zero" else call.value[:, index, 1:].mean(dim=-2)
-        weight = call.attention_on_key0()[:, index, 1:, None]
-        output = call.output.clone()
-        output[:, index, 1:] += weight * (new - old)[:, :, None, :]
         return output
 
 

@@ -21,7 +21,7 @@ NULLS: tuple[NullKind, ...] = get_args(NullKind)
 GridKind = Literal["coarse", "exact"]
 GRIDS: tuple[GridKind, ...] = get_args(GridKind)
 
-# What replaces an ablated value at key 0 (posleak.capture.session.AttentionEdits).
+# What replaces an ablated value at key 0 (--ablate-mode, posleak.interventions.key0_values).
 AblateMode = Literal["zero", "mean"]
 ABLATE_MODES: tuple[AblateMode, ...] = get_args(AblateMode)
 

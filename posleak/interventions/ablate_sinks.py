@@ -1,14 +1,14 @@
 """`--ablate-sink-values auto|L.H,... [--ablate-mode zero|mean]` (docs/method.md §9): the value at key 0, as the
-queries i ≥ 1 of the chosen heads read it, replaced inside the attention function; `auto` chooses the sink
-heads of a baseline pass."""
+queries i ≥ 1 of the chosen heads read it, replaced inside the attention function (posleak.interventions.key0_values);
+`auto` chooses the sink heads of a baseline pass."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from posleak.data.kinds import ABLATE_MODES
-from posleak.interventions.base import Intervention, Option, SinkHeads, Values
-from posleak.interventions.heads import head_problems, heads_of
+from posleak.interventions.base import Intervention, Option, Values
+from posleak.interventions.heads import SinkHeads, head_problems, heads_of
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -44,5 +44,7 @@ class AblateSinkValues(Intervention):
         model: PreTrainedModel | None,
         tokenizer: PreTrainedTokenizerBase | None,
     ) -> None:
-        edits.ablate_key0 = heads_of(values["ablate_sink_values"], OPTION, sink_heads)
-        edits.ablate_mode = values["ablate_mode"]
+        from posleak.interventions.key0_values import Key0ValueAblation
+
+        ablation = Key0ValueAblation(heads_of(values["ablate_sink_values"], OPTION, sink_heads), values["ablate_mode"])
+        edits.output_edits = (*edits.output_edits, ablation)

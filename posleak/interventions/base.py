@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from posleak.interventions.heads import chosen_heads
+from posleak.interventions.heads import SinkHeads, chosen_heads
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -28,8 +28,6 @@ if TYPE_CHECKING:
 
 # One run's value of every registered option, by option name (defaults filled in).
 Values = Mapping[str, Any]
-# layer → the heads an `auto` chose from a baseline pass (posleak.pipeline.run.sink_heads_of)
-SinkHeads = dict[int, tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -93,7 +91,8 @@ class Intervention(ABC):
         model: PreTrainedModel | None,
         tokenizer: PreTrainedTokenizerBase | None,
     ) -> None:
-        """Declare its edits inside the attention function on `edits`."""
+        """Add its edits inside the attention function to `edits`: mask edits, output edits, each applied after
+        those of the interventions registered before it."""
 
     def hooks(
         self, values: Values, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, bos_at_0: bool

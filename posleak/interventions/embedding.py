@@ -14,11 +14,9 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel
 
 from posleak.capture.session import active_session
-from posleak.errors import PosleakError
-from posleak.interventions.replace_bos import REPLACEMENTS
 
 
 @torch.no_grad()
@@ -33,25 +31,10 @@ def mean_embedding(model: PreTrainedModel, chunk: int = 16384) -> torch.Tensor:
     return (total / vocab).to(module.weight.dtype)
 
 
-def replacement_token(tokenizer: PreTrainedTokenizerBase | None, kind: str) -> int | None:
-    """The token id a `token:TEXT` replacement names (None for the other kinds); refuses an unknown kind."""
-    if kind in ("mean", "zero", "random"):
-        return None
-    if kind.startswith("token:") and tokenizer is not None:
-        text = kind.removeprefix("token:")
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        if len(ids) != 1:
-            raise PosleakError(f"--replace-bos {kind!r}: {text!r} encodes to {len(ids)} tokens; name a single token")
-        return ids[0]
-    raise PosleakError(f"bad --replace-bos {kind!r}; use one of {', '.join(REPLACEMENTS)}")
-
-
-def replacement_vector(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, kind: str
-) -> torch.Tensor | None:
-    """The vector for `kind`, or None for `random` (made per row, to match each row's norm)."""
+def replacement_vector(model: PreTrainedModel, kind: str, token: int | None) -> torch.Tensor | None:
+    """The vector for `kind` (`token`: the id a `token:TEXT` kind names, else None), or None for `random` (made
+    per row, to match each row's norm)."""
     module = model.get_input_embeddings()
-    token = replacement_token(tokenizer, kind)
     if token is not None:
         with torch.no_grad():
             return module(torch.tensor([token], device=module.weight.device))[0]

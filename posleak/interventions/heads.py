@@ -10,8 +10,10 @@ from posleak.errors import PosleakError
 from posleak.validate import Problems
 
 if TYPE_CHECKING:
-    from posleak.interventions.base import SinkHeads
     from posleak.models.load import LoadedModel
+
+# layer → the heads an `auto` chose from a baseline pass (posleak.pipeline.run.sink_heads_of)
+SinkHeads = dict[int, tuple[int, ...]]
 
 
 def parse_heads(spec: str, option: str = "--ablate-sink-values") -> dict[int, tuple[int, ...]]:

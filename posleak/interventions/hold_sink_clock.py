@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from posleak.interventions.base import Intervention, Option, SinkHeads, Values
-from posleak.interventions.heads import head_problems, heads_of
+from posleak.interventions.base import Intervention, Option, Values
+from posleak.interventions.heads import SinkHeads, head_problems, heads_of
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

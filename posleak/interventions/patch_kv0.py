@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from posleak.interventions.base import Intervention, Option, SinkHeads, Values
-from posleak.interventions.heads import head_problems, heads_of
+from posleak.interventions.base import Intervention, Option, Values
+from posleak.interventions.heads import SinkHeads, head_problems, heads_of
 from posleak.validate import Problems
 
 if TYPE_CHECKING:

@@ -7,7 +7,8 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from posleak.errors import PosleakError
-from posleak.interventions.base import Intervention, Option, SinkHeads, Values
+from posleak.interventions.base import Intervention, Option, Values
+from posleak.interventions.heads import SinkHeads
 from posleak.validate import Problems
 
 if TYPE_CHECKING:
@@ -24,8 +25,6 @@ class ReplaceBos(Intervention):
 
     def problems(self, values: Values, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
         """At most one problem: the first one stands in the way of the others."""
-        from posleak.interventions.embedding import replacement_token
-
         kind = values["replace_bos"]
         found = Problems()
         with found.collecting():
@@ -57,5 +56,19 @@ class ReplaceBos(Intervention):
 
         if not bos_at_0:
             raise PosleakError("--replace-bos needs a BOS at position 0; add --bos on")
-        vector = replacement_vector(model, tokenizer, values["replace_bos"])
+        kind = values["replace_bos"]
+        vector = replacement_vector(model, kind, replacement_token(tokenizer, kind))
         return replaced_position0(model, vector, values["seed"])
+
+
+def replacement_token(tokenizer: PreTrainedTokenizerBase | None, kind: str) -> int | None:
+    """The token id a `token:TEXT` replacement names (None for the other kinds); refuses an unknown kind."""
+    if kind in ("mean", "zero", "random"):
+        return None
+    if kind.startswith("token:") and tokenizer is not None:
+        text = kind.removeprefix("token:")
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) != 1:
+            raise PosleakError(f"--replace-bos {kind!r}: {text!r} encodes to {len(ids)} tokens; name a single token")
+        return ids[0]
+    raise PosleakError(f"bad --replace-bos {kind!r}; use one of {', '.join(REPLACEMENTS)}")

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
-from posleak.interventions.base import Intervention, SinkHeads
+from posleak.interventions.base import Intervention
+from posleak.interventions.heads import SinkHeads
 from posleak.interventions.registry import option_defaults, registered
 
 if TYPE_CHECKING:

@@ -3,15 +3,18 @@ attention function."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from posleak.errors import PosleakError
-from posleak.interventions.base import Intervention, Option, SinkHeads, Values
+from posleak.interventions.base import Intervention, Option, Values
+from posleak.interventions.heads import SinkHeads
 from posleak.validate import Problems, natural_number
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from posleak.capture.masks import MaskSpec
     from posleak.capture.session import AttentionEdits
     from posleak.models.load import LoadedModel
 
@@ -35,7 +38,19 @@ class Window(Intervention):
         model: PreTrainedModel | None,
         tokenizer: PreTrainedTokenizerBase | None,
     ) -> None:
-        edits.window = parse_window(values["window"])
+        width = parse_window(values["window"])
+        edits.mask_edits = (*edits.mask_edits, WindowOverride(None if width == "global" else width))
+
+
+@dataclass(frozen=True)
+class WindowOverride:
+    """A mask edit (posleak.capture.AttentionEdits.mask_edits): the layer's window set to `window` (None: no window),
+    its causality and prefix kept. A `MaskSpec` is a dataclass, so the edit needs no torch to import."""
+
+    window: int | None
+
+    def __call__(self, spec: MaskSpec) -> MaskSpec:
+        return replace(spec, window=self.window)
 
 
 def parse_window(spec: str) -> int | Literal["global"]:
