@@ -35,6 +35,7 @@ from posleak.experiments.paper.c2 import claim_c2
 from posleak.experiments.paper.c3 import claim_c3, over_units, question_verdicts
 from posleak.experiments.paper.c3_units import (
     CLOCK,
+    Design,
     head_list,
     heads_by_layer,
     matched_controls,
@@ -240,11 +241,16 @@ def test_position0_and_sink_ablation_tables(paper: Path) -> None:
             # the runs reported, not judged, in the model's own BOS setting (--quick leaves them out; the plan file
             # above asks for them, as the full plan does)
             expected += ["ablate-sinks", "ablate-sinks-mean", "ablate-control0", "patch-pos0"] if full else []
-            assert list(runs.index) == expected == list(unit["runs"])
             # the heads come from the selection sample's baseline, not from the sample that judges them
             assert unit["selection"].endswith("-selection") and unit["baseline"].endswith(f"-{sample}")
             per_head = pd.read_parquet(paper / "runs" / unit["selection"] / "per_head.parquet")
             before_last = per_head[per_head["layer"] < per_head["layer"].max()]
+            pool = int((before_last["sink_score"] <= 0.3).sum())  # the heads a control may take
+            if not 0 < int((before_last["sink_score"] > 0.3).sum()) <= pool:  # no sink head, or no matched control
+                assert runs.empty and unit["runs"] == {} and label in _c3_numbers(paper, sample)["untestable"]
+                assert set(unit["questions"].values()) == {"untestable"}
+                continue
+            assert list(runs.index) == expected == list(unit["runs"])
             sinks = _heads(runs.loc["kv0-sinks", "heads"])
             assert sinks == _heads(runs.loc["clock-sinks", "heads"])
             assert len(sinks) == runs.loc["kv0-sinks", "head_count"] == unit["sink_heads"]
@@ -253,16 +259,19 @@ def test_position0_and_sink_ablation_tables(paper: Path) -> None:
                 for layer, head, score in before_last[["layer", "head", "sink_score"]].itertuples(False)
                 if score > 0.3
             }
-            pool = int((before_last["sink_score"] <= 0.3).sum())  # as many controls as sinks, or all non-sink heads
             for k in range(QUICK.control_draws):
                 control = _heads(runs.loc[f"kv0-control{k}", "heads"])
                 assert control == _heads(runs.loc[f"clock-control{k}", "heads"])  # one control set for both questions
-                assert len(control) == min(len(sinks), pool) and not control & sinks
+                assert len(control) == len(sinks) and not control & sinks
+
+
+def _c3_numbers(paper: Path, sample: str) -> dict[str, Any]:
+    claims = json.loads((paper / "claims.json").read_text())
+    return next(c for c in claims if c["claim"] == "C3")["numbers"][sample]
 
 
 def _c3_units(paper: Path, sample: str) -> dict[str, dict]:
-    claims = json.loads((paper / "claims.json").read_text())
-    return next(c for c in claims if c["claim"] == "C3")["numbers"][sample]["units"]
+    return _c3_numbers(paper, sample)["units"]
 
 
 def _heads(by_layer: str) -> set[tuple[int, int]]:
@@ -726,14 +735,14 @@ YES, NO, OPEN_Q = "consistent", "not consistent", "inconclusive"
         (CONTENT_ONLY, {"a": NO, "b": YES}),
         (OUTDONE, {"a": NO, "b": NO}),
         (UNCLEAR, {"a": OPEN_Q, "b": OPEN_Q}),
-        ({}, {"a": "untestable", "b": "untestable"}),  # no sink head: cannot test either question
+        ({}, {"a": "untestable", "b": "untestable"}),  # no sink head, or no matched control: cannot test either
     ],
 )
 def test_a_c3_unit_answers_each_question_from_its_own_runs(changes: dict[str, Estimate], verdicts: dict) -> None:
     """A unit's verdict on each question: its edit of the sink heads below −1% and below each layer-matched
     control; the value ablation (here raising the magnitude) and the position-0 patch are reported, never deciding.
     Every row names its unit and its question."""
-    rows = unit_rows("m", changes)
+    rows = _unit_rows("m", changes)
     assert question_verdicts({"m": rows}) == {"m": verdicts}
     assert all(r["evidence"].startswith(f"m: ({q})") for q in "ab" for r in rows[q] if r["deciding"])
     draws = [k for k in range(len(changes)) if f"clock-control{k}" in changes]
@@ -746,6 +755,11 @@ def test_a_c3_unit_answers_each_question_from_its_own_runs(changes: dict[str, Es
         "m: value ablation (zero): change",
         "m: position-0 patch: change",
     } <= reported or "ablate-sinks" not in changes
+
+
+def _unit_rows(label: str, changes: dict[str, Estimate]) -> dict[str, list[dict[str, Any]]]:
+    """A unit's rows; no runs stand for a unit that cannot test C3 (here: no sink heads)."""
+    return unit_rows(label, changes, None if changes else "untestable, no sink heads (α₀ > 0.3)")
 
 
 @pytest.mark.parametrize(
@@ -769,7 +783,7 @@ def test_claim_c3_verdicts(closed: dict[str, float], units: list[dict], verdict:
     """The claim from the closed system and question (a) over its units, and each question's own verdict
     (docs/method.md §13): consistent when all units are, not consistent when more than half are not. Every unit's
     rows of both questions are in the evidence under its label; only the closed system's and (a)'s decide."""
-    rows = {f"u{k}": unit_rows(f"u{k}", changes) for k, changes in enumerate(units)}
+    rows = {f"u{k}": _unit_rows(f"u{k}", changes) for k, changes in enumerate(units)}
     judgement = claim_c3(closed, rows)
     assert judgement.verdict == verdict
     by_unit = question_verdicts(rows)
@@ -1157,7 +1171,7 @@ def test_matched_controls() -> None:
     layer, the non-sink heads whose clocks are nearest the sink heads', taken largest sink clock first; each later
     draw the same among the heads the earlier draws left, so the draws are disjoint while a layer has heads to
     spare. Where a layer has too few non-sink heads the rest come from the nearest layers with some left; where
-    the model has fewer non-sink heads than sink heads, all of them."""
+    the model has fewer non-sink heads than sink heads, the unit is untestable (no control is matched)."""
     per_head = _scores({0: [0, 1], 2: [5], 3: [2, 3, 4], 5: [0]}, layers=6, heads=8)  # layer 5 is the last
     sinks = sink_heads(per_head)
     clock = per_head.set_index(["layer", "head"])[CLOCK]
@@ -1184,9 +1198,28 @@ def test_matched_controls() -> None:
         heads = matched_controls(short, sink_heads(short), draw)
         assert len(heads) == 5 and set(heads["layer"]) <= {0, 2} and len(set(_pairs(heads))) == 5
         assert (heads["sink_score"] <= 0.3).all()
-    # fewer non-sink heads (outside the last layer) than sink heads: every one of them
+    # fewer non-sink heads (outside the last layer) than sink heads: no matched control, the unit cannot test C3
     few = _scores({0: [0, 1, 2], 1: [0, 1, 2]}, layers=3, heads=4)
-    assert _pairs(matched_controls(few, sink_heads(few), 0)) == [(0, 3), (1, 3)]
+    design = Design.of(_selection(few), draws=2)
+    assert (
+        design.untestable()
+        == "untestable, 6 sink heads (α₀ > 0.3) and only 2 non-sink heads outside the last layer to match them"
+    )
+    assert design.interventions(reported=True) == {} and design.controls == []
+    # as many as sink heads (layer 2, the last, gives none): testable, each draw matches every sink head
+    enough = _scores({0: [0, 1, 2], 1: [0]}, layers=3, heads=4)
+    design = Design.of(_selection(enough), draws=2)
+    assert design.untestable() is None and [len(c) for c in design.controls] == [4, 4]
+    assert Design.of(_selection(_scores({}, layers=3, heads=4)), draws=2).untestable() == (
+        "untestable, no sink heads (α₀ > 0.3)"
+    )
+
+
+def _selection(per_head: pd.DataFrame) -> AnalysisResult:
+    """A selection baseline holding only what a C3 design reads: its per-head and per-layer tables."""
+    empty = pd.DataFrame()
+    per_layer = pd.DataFrame({"layer": sorted(per_head["layer"].unique())})
+    return AnalysisResult(per_head, per_layer, empty, empty, empty, empty, {})
 
 
 def test_models_by_role_keep_the_built_in_folders_and_name_others_after_their_spec(tmp_path: Path) -> None:

@@ -66,7 +66,8 @@ C3_CRITERION = (
     f"control (paired difference, interval below 0); not consistent where the interval lies above "
     f"−{MIN_SINK_LOWERING:g}% or a control lowers it more. A question over the units: consistent when every unit "
     "is; not consistent when more than half of the units are not; inconclusive otherwise; a unit without sink "
-    "heads cannot test either question and is left out, reported as untestable (with no unit left, inconclusive). "
+    "heads, or with fewer non-sink heads outside the last layer than sink heads (no matched control, as in C6), "
+    "cannot test either question and is left out, reported as untestable (with no unit left, inconclusive). "
     "The claim: not "
     "consistent if the closed system fails or question (a) is not consistent; consistent when the closed system "
     "holds and (a) is consistent; inconclusive otherwise. Question (b), whether the content of the trajectory "
@@ -178,6 +179,14 @@ class C3(ClaimModule):
             "head in one BOS setting; sink heads chosen at one T, the plan's sink_seq_len (256), not at each "
             "unit's own (gemma3-270m: 640), since α₀ falls with T (issue 44)",
         ),
+        Revision(
+            "2026-12-06",
+            "a unit with fewer non-sink heads outside the last layer than sink heads is untestable, as C6 has "
+            "it, where its control had been every non-sink head: such a control is matched on nothing, and "
+            "smollm2-135m's (119 heads for 142 sink heads, mean clock 0.46 against the sinks' 0.75) raised its "
+            "later layers' component by 27%, so its 'sinks lower it more than the control' passed because the "
+            "control disrupts (issue 44)",
+        ),
     )
     family_wise = f"{HOLM}, within each unit and question; the units and questions combine as the criterion says"
     method = (
@@ -214,7 +223,7 @@ class C3(ClaimModule):
         verdicts = question_verdicts({label: u.rows() for label, u in units.items()})
         return {
             "questions": {q.key: over_units(v[q.key] for v in verdicts.values()) for q in QUESTIONS},
-            "untestable": [label for label, u in units.items() if not u.runs],  # no sink heads: left out
+            "untestable": {label: why for label, u in units.items() if (why := u.design.untestable())},  # left out
             "units": {
                 label: {
                     "role": u.unit.role,

@@ -111,14 +111,20 @@ def sink_heads(per_head: pd.DataFrame) -> pd.DataFrame:
 CLOCK = "resid_all_key0"  # a head's clock: what of its w the column of key 0 holds, which the clock removal takes away
 
 
+def control_pool(per_head: pd.DataFrame) -> pd.DataFrame:
+    """The heads a control may take: the non-sink heads (α₀ ≤ ε) outside the last layer, as `sink_heads`."""
+    return per_head[(per_head["sink_score"] <= SINK_THRESHOLD) & (per_head["layer"] < per_head["layer"].max())]
+
+
 def matched_controls(per_head: pd.DataFrame, sinks: pd.DataFrame, draw: int) -> pd.DataFrame:
     """For each sink head a non-sink head outside the last layer, matched on what the clock removal takes away:
     from the sink head's layer, the non-sink head whose clock (`CLOCK`, its key-0 column of w on the selection
     sample) is nearest the sink head's. Draw k takes its heads from those that draws 0..k−1 left, where the layer
     has some (so the draws differ and draw 0 is the best match); where a layer has too few, the rest come from the
-    nearest layers with some left (ties by clock, then head); all non-sink heads where there are fewer of them
-    than sink heads. Sink heads are matched strongest clock first, so the largest clocks get the nearest match."""
-    pool = per_head[(per_head["sink_score"] <= SINK_THRESHOLD) & (per_head["layer"] < per_head["layer"].max())]
+    nearest layers with some left (ties by clock, then head). Sink heads are matched strongest clock first, so the
+    largest clocks get the nearest match. Call it only where the pool holds at least as many heads as `sinks`
+    (`Design.of`: a unit with fewer cannot test C3)."""
+    pool = control_pool(per_head)
     earlier = {i for k in range(draw) for i in _matched(pool, sinks, set())}
     return pool.loc[_matched(pool, sinks, earlier)].sort_values(["layer", "head"]).reset_index(drop=True)
 
@@ -160,25 +166,38 @@ def heads_by_layer(heads: pd.DataFrame) -> str:
 @dataclass
 class Design:
     """A unit's heads, chosen on its selection sample: its sink heads, the matched controls of each draw,
-    the layers after the first sink head."""
+    the layers after the first sink head, and how many heads a control could take (`control_pool`)."""
 
     sinks: pd.DataFrame
     controls: list[pd.DataFrame]
     later: list[int]
+    pool: int
 
     @classmethod
     def of(cls, selection: AnalysisResult, draws: int) -> Design:
-        sinks = sink_heads(selection.per_head)
-        if sinks.empty:  # untestable: no runs, and the unit is inconclusive
-            return cls(sinks, [], [])
+        sinks, pool = sink_heads(selection.per_head), len(control_pool(selection.per_head))
+        if sinks.empty or pool < len(sinks):  # untestable: no runs, and the unit is left out
+            return cls(sinks, [], [], pool)
         later = sorted(layer for layer in selection.per_layer["layer"] if layer > sinks["layer"].min())
-        return cls(sinks, [matched_controls(selection.per_head, sinks, d) for d in range(draws)], later)
+        return cls(sinks, [matched_controls(selection.per_head, sinks, d) for d in range(draws)], later, pool)
+
+    def untestable(self) -> str | None:
+        """Why the unit cannot test either question (None: it can): no sink head, or fewer heads to match them
+        than sink heads (a control of every non-sink head is no matched control, as in C6)."""
+        if self.sinks.empty:
+            return f"untestable, no sink heads (α₀ > {SINK_THRESHOLD})"
+        if self.pool < len(self.sinks):
+            return (
+                f"untestable, {len(self.sinks)} sink heads (α₀ > {SINK_THRESHOLD}) and only {self.pool} non-sink "
+                "heads outside the last layer to match them"
+            )
+        return None
 
     def interventions(self, reported: bool) -> dict[str, tuple[Interventions, pd.DataFrame | None]]:
         """Each run by name with the heads it edits (None: every head): per question, RUN-sinks and RUN-control{k}
         (clock-sinks, clock-control0, ..., kv0-sinks, kv0-control0, ...); with `reported` also the runs reported,
         not judged: ablate-sinks, ablate-sinks-mean, ablate-control0, patch-pos0."""
-        if self.sinks.empty:
+        if self.untestable() is not None:
             return {}
         runs = {}
         for question in QUESTIONS:
@@ -234,7 +253,8 @@ class UnitEvidence:
         return percent_change(self.baseline, self.runs[name], "resid_all", self.design.later)
 
     def rows(self) -> dict[str, list[dict[str, Any]]]:
-        return unit_rows(self.unit.label, {name: self.change(name) for name in self.runs})
+        changes = {name: self.change(name) for name in self.runs}
+        return unit_rows(self.unit.label, changes, self.design.untestable())
 
     def table(self) -> pd.DataFrame:
         """One row per run: the unit, the run, how many heads it edits and which, by layer, the change."""
@@ -255,16 +275,17 @@ class UnitEvidence:
         return pd.DataFrame(records, columns=["unit", "run", "head_count", "heads", "change_pct", "lo", "hi"])
 
 
-def unit_rows(label: str, changes: Mapping[str, Estimate]) -> dict[str, list[dict[str, Any]]]:
+def unit_rows(
+    label: str, changes: Mapping[str, Estimate], untestable: str | None = None
+) -> dict[str, list[dict[str, Any]]]:
     """A unit's evidence rows by question key, each named `LABEL: ...`, from the % change under each of its runs
-    by name (none: the unit has no sink head and cannot test either question: one row each, untestable, deciding
-    nothing). Per question, the edit of the sink heads and
+    by name; a unit that cannot test either question (`untestable`: why, `Design.untestable`) gets one row each
+    that says so and decides nothing. Per question, the edit of the sink heads and
     its difference from each control decide, the controls' own changes are reported; the value ablation and the
     position-0 patch are reported with (b), whose question of what is read at key 0 they widen."""
-    if not changes:  # reported, deciding nothing: the unit is left out of each question (c3.over_units)
-        untestable = f"untestable, no sink heads (α₀ > {SINK_THRESHOLD})"
+    if untestable is not None:  # reported, deciding nothing: the unit is left out of each question (c3.over_units)
         return {
-            q.key: [fact(f"{label}: ({q.key}) {untestable}", 0, False, False, "> 0 to test", deciding=False)]
+            q.key: [fact(f"{label}: ({q.key}) {untestable}", 0, False, False, "a matched control", deciding=False)]
             for q in QUESTIONS
         }
     rows = {q.key: question_rows(label, q, changes) for q in QUESTIONS}
