@@ -199,6 +199,15 @@ def test_every_problem_is_reported_at_once(model: Path, corpus: Path, tmp_path: 
     assert out.read_text() == "mine"
 
 
+def test_a_bad_load_time_intervention_hides_no_other_problem(model: Path, corpus: Path, tmp_path: Path) -> None:
+    """`analyze` loads its model once, with its RoPE scaling; where that scaling cannot apply (here: its syntax),
+    the model as it is still answers the checks that need it (heads it does not have), all at once."""
+    proc = run_main(*analyze_args(model, corpus, tmp_path / "run", "--rope-scaling=ntk:x", "--kv0-heads=99.1",
+                                  "--patch-kv0=the"))  # fmt: skip
+    lines = assert_error_lines(proc, "ntk:x", "99.1")
+    assert len(lines) == 2 and not (tmp_path / "run").exists()
+
+
 def test_other_commands_check_their_output_folder_first(model: Path, tmp_path: Path) -> None:
     """train, lab, sweep, compare and paper refuse an --out they could not write, before any work."""
     blocker = tmp_path / "file"

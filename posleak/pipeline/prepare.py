@@ -24,7 +24,7 @@ from posleak.data.corpus import load_corpus
 from posleak.data.nulls import make_null
 from posleak.data.recipe import Recipe
 from posleak.device import Placement
-from posleak.errors import BadInput
+from posleak.errors import BadInput, PosleakError
 from posleak.interventions import Interventions
 from posleak.models.facts import attention_chunk
 from posleak.models.load import LoadedModel, load_model
@@ -163,9 +163,17 @@ def checked_model(
     interventions: Interventions | None = None,
 ) -> LoadedModel | None:
     """The model `spec`, with the load-time interventions of `interventions` (RoPE scaling: loaded once, with
-    them); None, with the reason in `problems`, if it will not load."""
+    them); None, with the reason in `problems`, if it will not load. Where they cannot apply to it (a bad
+    --rope-scaling, a model without plain RoPE), the model as it is, so that every other problem is found beside
+    theirs (`Interventions.problems` says what is wrong with them)."""
+    interventions = interventions or Interventions()
     with problems.collecting():
-        return load_for(spec, interventions or Interventions(), trust_remote_code, placement=placement)
+        try:
+            return load_for(spec, interventions, trust_remote_code, placement=placement)
+        except PosleakError:
+            if not interventions.at_load():
+                raise
+        return load_for(spec, Interventions(), trust_remote_code, placement=placement)
     return None
 
 
