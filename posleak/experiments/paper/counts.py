@@ -12,15 +12,17 @@ from posleak.experiments.paper.reproduction import shared_analyses
 
 
 def analysis_count(plan: Plan) -> int:
-    """The analyses `reproduce` runs under `plan` on one corpus where every C3 unit finds sink heads and the sliding
-    model's T exceeds its window (the built-in models at the plans' sizes): on each sample the shared analyses
+    """The analyses `reproduce` runs under `plan` on one corpus where every C3 unit can test C3 (sink heads, and as
+    many non-sink heads outside the last layer to match them: c3_units.Design.untestable) and the sliding model's T
+    exceeds its window; an untestable unit runs none of its C3 runs (the built-in models at T = 256: two of three
+    since 2026-12-06). On each sample the shared analyses
     (reproduction.shared_analyses), the standard model beyond the window (c4.window_jobs) and each C3 unit's runs
     (c3_units.Design.interventions); each unit's baseline on the selection sample. A plan that also runs C3 in each
     model's other BOS setting (`c3_both_bos`) adds units as each model's tokenizer allows: it is refused here."""
     if plan.c3_both_bos:
         raise ValueError(f"plan {plan.name!r} runs C3 in the other BOS setting where a tokenizer allows: not counted")
     head = pd.DataFrame({"layer": [0], "head": [0]})
-    design = Design(head, [head] * plan.control_draws, [0])
+    design = Design(head, [head] * plan.control_draws, [0], pool=1)
     per_unit = len(design.interventions(plan.c3_reported))
     per_sample = len(shared_analyses(plan)) + 1 + len(C3_ROLES) * per_unit
     return len(SAMPLES) * per_sample + len(C3_ROLES)
