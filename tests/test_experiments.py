@@ -71,7 +71,7 @@ from posleak.experiments.paper.reproduction import (
     shared_analyses,
 )
 from posleak.experiments.paper.samples import document_problems
-from posleak.experiments.paper.verdict import Claim, across_corpora, fact, judge, replicated, row
+from posleak.experiments.paper.verdict import SAYS, Claim, across_corpora, fact, judge, replicated, row
 from posleak.interventions import Interventions
 from posleak.interventions.patching import source_token
 from posleak.measure.position0 import variant_states
@@ -94,8 +94,10 @@ roles:
   large-base: {seq_len: 128, num_seqs: 4}
   sliding: {seq_len: 576, num_seqs: 4}
 base: {bootstrap: 50, fingerprint_seqs: 4, lab_steps: 40, lab_seq_len: 32, lab_analyze_seqs: 8, c3_reported: true,
-  sink_seq_len: 128}
+  sink_seq_len: 256}
 """
+# sink_seq_len as in --quick: at T = 128 every built-in has more sink heads than non-sink heads to match them, so no
+# unit could test C3 or C6; at 256 qwen2.5-coder-0.5b can (150 sink heads, 172 others outside its last layer)
 # 81 analyses (tables only, no per-run report), the lab and C6's probe: 5.5 minutes measured on a quiet 2-core
 # Intel Xeon (2026-12-04), 9.1 in a full suite run beside other work; 14.3 on a 2-core AMD EPYC when each run
 # still drew its own report. The budget leaves room for slower machines.
@@ -124,8 +126,8 @@ def _paper_args(out: Path) -> list[str]:
 @pytest.mark.slow
 def test_the_terminal_ends_with_each_verdict_and_the_rows_that_decided_it(paper: Path) -> None:
     """One line per claim, its verdict as claims.json has it, then one or two rows of its evidence, each quoting
-    the value and interval of claims.json's row in every sample that has it; where no row decides (every unit
-    untestable), one or two of the rows that say so."""
+    the value and interval of claims.json's row in every sample that has it; where no deciding row gave the verdict
+    (every unit untestable; C3's closed system may still decide), one or two of the rows that say why."""
     claims = {c["claim"]: c for c in json.loads((paper / "claims.json").read_text())}
     lines = (paper.parent / "stdout.txt").read_text().splitlines()
     heads = [k for k, line in enumerate(lines) if not line.startswith(" ")]
@@ -137,9 +139,9 @@ def test_the_terminal_ends_with_each_verdict_and_the_rows_that_decided_it(paper:
         for line in lines[k + 1 : end]:
             if line.startswith("    nothing decides: "):
                 name = line.removeprefix("    nothing decides: ")
-                rows = claim["samples"]["A"]["evidence"]
-                assert "untestable" in name and not any(r["deciding"] for r in rows)
-                assert any(r["evidence"] == name for r in rows)
+                rows, verdict = claim["samples"]["A"]["evidence"], claim["samples"]["A"]["verdict"]
+                assert "untestable" in name and not any(r["deciding"] and r["says"] == SAYS[verdict] for r in rows)
+                assert any(r["evidence"] == name and not r["deciding"] for r in rows)
                 continue
             name = line.strip().split(": A ")[0]
             row = next(r for r in claim["samples"]["A"]["evidence"] if r["evidence"] == name)
@@ -230,7 +232,7 @@ def test_position0_and_sink_ablation_tables(paper: Path) -> None:
         units = _c3_units(paper, sample)
         assert len(units) == 3  # each model in its own BOS setting (--quick; the full plan adds the other)
         for label, unit in units.items():
-            assert set(unit["questions"]) == {"a", "b"} and set(unit["questions"].values()) <= VERDICTS
+            assert set(unit["questions"]) == {"a", "b"}
             runs = ablation[ablation["unit"] == label].set_index("run")
             full = unit["bos"] == "auto"  # the role's own BOS setting: every run
             expected = [
@@ -251,6 +253,7 @@ def test_position0_and_sink_ablation_tables(paper: Path) -> None:
                 assert set(unit["questions"].values()) == {"untestable"}
                 continue
             assert list(runs.index) == expected == list(unit["runs"])
+            assert set(unit["questions"].values()) <= VERDICTS
             sinks = _heads(runs.loc["kv0-sinks", "heads"])
             assert sinks == _heads(runs.loc["clock-sinks", "heads"])
             assert len(sinks) == runs.loc["kv0-sinks", "head_count"] == unit["sink_heads"]
@@ -316,9 +319,11 @@ def test_every_run_folder_is_complete(paper: Path) -> None:
     # per sample: smollm2, 2 NTK factors, qwen, gemma, Gemma with BOS and 3 replacements (9); the shuffle and shift
     # nulls of smollm2, qwen and gemma (6); C3: each model in its own BOS setting, 8 runs (clock removal and K/V patch
     # of the sinks and of 1 control each, value zeroed and mean, 1 control, h_0 patched); --quick leaves out the other
-    # BOS setting. C4: the standard model at the sliding role's T, measured beyond the sliding window (1). Once: C3's
-    # baseline of each model on the selection sample (3).
-    assert QUICK.control_draws == 1 and len(folders) == 2 * (9 + 6 + 3 * 8 + 1) + 3
+    # BOS setting; a unit that cannot test C3 runs none. C4: the standard model at the sliding role's T, measured
+    # beyond the sliding window (1). Once: C3's baseline of each model on the selection sample (3).
+    testable = 3 - len(_c3_numbers(paper, "A")["untestable"])
+    assert testable >= 1  # the test plan's sink_seq_len leaves one (qwen2.5-coder-0.5b)
+    assert QUICK.control_draws == 1 and len(folders) == 2 * (9 + 6 + testable * 8 + 1) + 3
     assert len([folder for folder in folders if folder.name.endswith("-selection")]) == 3
     assert set(manifest["runs"].values()) <= {str(folder) for folder in folders}
     for folder in folders:

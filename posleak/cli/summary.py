@@ -110,7 +110,8 @@ def intervention_lines(run: InterventionRun) -> list[str]:
 def claim_lines(claim: Claim, limit: int = 2) -> list[str]:
     """The claim's verdict, how many deciding rows gave each sample's verdict, and the rows that decided it
     (at most `limit`, the samples' choices taken in turn) with their value and interval in every sample; where no
-    row decides, the rows that say which units cannot test the claim."""
+    deciding row gave the verdict (C3's closed system may decide while no unit can test), the rows that say which
+    units cannot test the claim."""
     counts = []
     for sample, judgement in claim.samples.items():
         deciding = judgement.evidence[judgement.evidence["deciding"]]
@@ -127,7 +128,7 @@ def claim_lines(claim: Claim, limit: int = 2) -> list[str]:
                 values.append(f"{sample} {quoted(e)}{'' if e['says'] == SAYS[judgement.verdict] else ' ' + e['says']}")
                 thresholds.append(e["threshold"])
         lines.append(f"    {name}: {'; '.join(values)}; criterion {thresholds[0]}")
-    if len(lines) == 1:  # no row decides: say why (the units that cannot test the claim)
+    if len(lines) == 1:  # no row gave the verdict: say why (the units that cannot test the claim)
         untestable = [
             name
             for judgement in claim.samples.values()
