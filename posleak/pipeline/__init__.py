@@ -10,7 +10,6 @@ from posleak.pipeline.prepare import (
     load_for,
     prepare,
     prepared_model,
-    run_args,
     sequences_for,
     token_file_bos_problems,
 )
@@ -34,7 +33,6 @@ __all__ = [
     "prepare",
     "prepared_model",
     "resampled_layers",
-    "run_args",
     "sequences_for",
     "sink_heads_of",
     "token_file_bos_problems",

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posleak.capture.residual import decoder_layers, skipped_layers
@@ -42,21 +41,25 @@ class PreparedRun:
     batch: TokenBatch
     options: AnalysisOptions
     model_id: str  # what the run records as its model: a checkpoint's spec, or a name given
+    # every option the fingerprint covers: `AnalyzeConfig.identity` (the recipe that made the sequences with the
+    # options), or `AnalysisOptions.identity` for sequences made without a recipe
+    identity: dict[str, Any]
     tokenizer: PreTrainedTokenizerBase | None = None
     loaded: LoadedModel | None = None  # a checkpoint's provenance (its file hash); None for a model in memory
-    recipe: Recipe | None = None  # what made the sequences, where a command made them
 
     @classmethod
     def of(cls, loaded: LoadedModel, batch: TokenBatch, config: AnalyzeConfig) -> PreparedRun:
         """`config`'s analysis of `batch` on the checkpoint `loaded`."""
-        return cls(loaded.model, batch, config.analysis, loaded.name, loaded.tokenizer, loaded, config.recipe)
+        return cls(loaded.model, batch, config.analysis, loaded.name, config.identity(), loaded.tokenizer, loaded)
 
     def fingerprint(self) -> dict[str, Any]:
-        """What the run folder records and a resume compares (`run_args`)."""
-        identity = self.options.identity()
-        if self.recipe is not None:
-            identity = self.recipe.identity() | identity
-        return run_args(self.model_id, self.loaded, self.batch, identity)
+        """What the run folder records and a resume compares: the model file, the exact tokens, every option."""
+        return {
+            "model": self.model_id,
+            "model_sha256": self.loaded.file_hash if self.loaded is not None else None,
+            "tokens_sha256": hashlib.sha256(self.batch.ids.numpy().tobytes()).hexdigest(),
+            "config": self.identity,
+        }
 
 
 class Preparation:
@@ -152,7 +155,7 @@ def prepared_model(
     checked for its shape (any N: with one sequence the noise-corrected magnitudes are NaN, docs/method.md §3)."""
     if problems := options.measure.problems(batch.seq_len, None) + options.execution.problems():
         raise BadInput(problems)
-    return PreparedRun(model, batch, options, model_id, tokenizer)
+    return PreparedRun(model, batch, options, model_id, options.identity(), tokenizer)
 
 
 def checked_model(
@@ -247,11 +250,10 @@ def load_for(
 ) -> LoadedModel:
     """The model with the load-time interventions (RoPE scaling) set in its config as it loads, where `placement`
     says; `base`, the model already loaded without them, where there are none (`intervene`'s baseline model)."""
-    if not interventions.at_load():
-        if base is not None:
-            return base
-        return load_model(spec, trust_remote_code=trust_remote_code, placement=placement)
-    overrides = interventions.config_overrides
+    at_load = bool(interventions.at_load())
+    if base is not None and not at_load:
+        return base
+    overrides = interventions.config_overrides if at_load else None
     return load_model(spec, trust_remote_code=trust_remote_code, config_overrides=overrides, placement=placement)
 
 
@@ -277,18 +279,3 @@ def sequences_for(loaded: LoadedModel, recipe: Recipe) -> TokenBatch:
             windows_per_document=recipe.windows_per_document,
         )
     return batch if recipe.null is None else make_null(batch, recipe.null, recipe.null_seed)
-
-
-def run_args(model_id: str, loaded: LoadedModel | None, batch: TokenBatch, identity: dict[str, Any]) -> dict[str, Any]:
-    """What the resume fingerprint covers: the model file, the exact tokens, and every option (`identity`:
-    `AnalyzeConfig.identity`, or `AnalysisOptions.identity` for sequences made without a recipe)."""
-    return {
-        "model": model_id,
-        "model_sha256": loaded.file_hash if loaded is not None else None,
-        "tokens_sha256": _tokens_hash(batch.ids),
-        "config": identity,
-    }
-
-
-def _tokens_hash(ids: torch.Tensor) -> str:
-    return hashlib.sha256(ids.numpy().tobytes()).hexdigest()
