@@ -60,7 +60,7 @@ from posleak.experiments.paper.c6_probe import (
 from posleak.experiments.paper.corpora import corpus_problems, side_by_side
 from posleak.experiments.paper.counts import analysis_count, lab_model_count
 from posleak.experiments.paper.models import role_problems, role_tokenizers
-from posleak.experiments.paper.plan import ROLES, Plan
+from posleak.experiments.paper.plan import ROLES, SAMPLES, Plan
 from posleak.experiments.paper.report import write_top
 from posleak.experiments.paper.reproduction import (
     PARTS,
@@ -316,26 +316,37 @@ def test_every_intervention_comes_with_its_effect_on_the_loss(paper: Path) -> No
 def test_every_run_folder_is_complete(paper: Path) -> None:
     manifest = json.loads((paper / "manifest.json").read_text())
     folders = sorted((paper / "runs").iterdir())
-    # per sample: smollm2, 2 NTK factors, qwen, gemma, Gemma with BOS and 3 replacements (9); the shuffle and shift
-    # nulls of smollm2, qwen and gemma (6); C3: each model in its own BOS setting, 8 runs (clock removal and K/V patch
-    # of the sinks and of 1 control each, value zeroed and mean, 1 control, h_0 patched); --quick leaves out the other
-    # BOS setting; a unit that cannot test C3 runs none. C4: the standard model at the sliding role's T, measured
-    # beyond the sliding window (1). Once: C3's baseline of each model on the selection sample (3).
-    testable = 3 - len(_c3_numbers(paper, "A")["untestable"])
+    # per sample: smollm2, 2 NTK factors, qwen, gemma, Gemma with BOS and 3 replacements (9); on sample A, the
+    # shuffle and shift nulls of smollm2, qwen and gemma (6); C3: each model in its own BOS setting, 8 runs (clock
+    # removal and K/V patch of the sinks and of 1 control each, value zeroed and mean, 1 control, h_0 patched);
+    # --quick leaves out the other BOS setting; a unit that cannot test C3 runs none. C4: the standard model at the
+    # sliding role's T, measured beyond the sliding window (1). Once: C3's baseline of each model on the selection
+    # sample (3).
+    c3 = _c3_numbers(paper, "A")
+    testable = 3 - len(c3["untestable"])
     assert testable >= 1  # the test plan's sink_seq_len leaves one (qwen2.5-coder-0.5b)
-    assert QUICK.control_draws == 1 and len(folders) == 2 * (9 + 6 + testable * 8 + 1) + 3
+    assert QUICK.control_draws == 1 and not QUICK.nulls_both_samples
+    assert len(folders) == 2 * (9 + testable * 8 + 1) + 6 + 3  # the nulls on sample A only
     assert len([folder for folder in folders if folder.name.endswith("-selection")]) == 3
+    testing = {u["role"] for label, u in c3["units"].items() if label not in c3["untestable"]}
+    compared_roles = {"standard", "bos"} | testing
+    uncompared = {f"{ROLES[role].folder}-{s}" for role in ROLES if role not in compared_roles for s in SAMPLES}
+    assert uncompared  # the test plan's gemma3-270m (T > window): its unit cannot test C3
     assert set(manifest["runs"].values()) <= {str(folder) for folder in folders}
     for folder in folders:
         assert json.loads((folder / "manifest.json").read_text())["status"] == "complete", folder
         # the tables the claims read, and no per-run report: the reproduction draws its own
         assert (folder / "per_layer.parquet").is_file() and not (folder / "report.html").exists(), folder
-        # next-token scores wherever an intervention is compared with the run, nowhere else
+        # next-token scores wherever an intervention is compared with the run, nowhere else: not on a null, the
+        # selection sample or beyond the window, nor on the baseline of a role no intervention is compared with (C4
+        # compares with the standard model, C5 with the BOS one, C3 with each model whose unit can test it)
         compared = not re.search(r"-(shift|shuffle)-|-selection$|-beyond\d+-", folder.name)
-        assert (folder / "tokens.parquet").is_file() == compared, folder
+        assert (folder / "tokens.parquet").is_file() == (compared and folder.name not in uncompared), folder
     trials = sorted((paper / "lab" / "trials").iterdir())
-    # C4's lab: rope, window and large base trained, and the rope models under NTK scaling at inference
-    assert len(trials) == 4 * len(QUICK.lab_seeds) and all((trial / "complete.json").is_file() for trial in trials)
+    # C4's lab: rope and window trained, and the rope models under NTK scaling at inference (--quick trains no
+    # large-base model: its line is reported, not judged)
+    assert not QUICK.lab_large_base
+    assert len(trials) == 3 * len(QUICK.lab_seeds) and all((trial / "complete.json").is_file() for trial in trials)
 
 
 def test_samples_share_no_document_and_claims_json_names_them(paper: Path) -> None:
@@ -1620,16 +1631,25 @@ def test_the_plan_s_counts_follow_its_sizes() -> None:
     """The analyses and lab models that docs/performance.md's current figures and bench_scale.py state, counted
     from the plan, against a count of the reproduction's runs by hand: per sample the standard model, it under each
     NTK factor, the large-base and sliding models, the BOS baseline and its 3 replacements, 2 nulls of each of the 3
-    judged models, the standard model beyond the window, and per C3 unit (3) 2 questions × (the sink heads + each
-    control draw), plus 4 reported runs where the plan has them; then each unit's selection baseline. Lab: 3 trained
-    ways per seed."""
+    judged models (on sample A only where the plan runs no nulls on B), the standard model beyond the window, and
+    per C3 unit (3) 2 questions × (the sink heads + each control draw), plus 4 reported runs where the plan has them;
+    then each unit's selection baseline. Lab: 2 trained ways per seed, 3 where the plan trains the large base."""
 
     def by_hand(plan: Plan) -> int:
         per_unit = 2 * (1 + plan.control_draws) + (4 if plan.c3_reported else 0)
-        return 2 * (1 + len(plan.ntk_factors) + 2 + 1 + 3 + 3 * 2 + 1 + 3 * per_unit) + 3
+        nulls = 3 * 2 * (2 if plan.nulls_both_samples else 1)
+        return 2 * (1 + len(plan.ntk_factors) + 2 + 1 + 3 + 1 + 3 * per_unit) + nulls + 3
 
-    other = replace(QUICK, ntk_factors=(2.0, 4.0, 16.0), control_draws=3, c3_reported=True, lab_seeds=(0, 1))
-    assert (analysis_count(QUICK), lab_model_count(QUICK)) == (59, 15)
+    other = replace(
+        QUICK,
+        ntk_factors=(2.0, 4.0, 16.0),
+        control_draws=3,
+        c3_reported=True,
+        nulls_both_samples=True,
+        lab_large_base=True,
+        lab_seeds=(0, 1),
+    )
+    assert (analysis_count(QUICK), lab_model_count(QUICK)) == (53, 10)
     assert (analysis_count(other), lab_model_count(other)) == (by_hand(other), 6) == (109, 6)
     assert analysis_count(QUICK) == by_hand(QUICK)
     with pytest.raises(ValueError, match="other BOS setting"):

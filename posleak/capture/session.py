@@ -111,6 +111,14 @@ class AttentionEdits:
     mask_edits: tuple[MaskEdit, ...] = ()
     output_edits: tuple[OutputEdit, ...] = ()
 
+    def add_mask_edit(self, edit: MaskEdit) -> None:
+        """`edit` applied after the mask edits already declared (the registry's order)."""
+        self.mask_edits = (*self.mask_edits, edit)
+
+    def add_output_edit(self, edit: OutputEdit) -> None:
+        """`edit` applied to the output the output edits already declared leave (the registry's order)."""
+        self.output_edits = (*self.output_edits, edit)
+
     def mask_for(self, spec: MaskSpec) -> MaskSpec:
         """The mask structure attention computes with: the model's `spec` after every mask edit."""
         for edit in self.mask_edits:

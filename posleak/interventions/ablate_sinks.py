@@ -47,4 +47,4 @@ class AblateSinkValues(Intervention):
         from posleak.interventions.key0_values import Key0ValueAblation
 
         ablation = Key0ValueAblation(heads_of(values["ablate_sink_values"], OPTION, sink_heads), values["ablate_mode"])
-        edits.output_edits = (*edits.output_edits, ablation)
+        edits.add_output_edit(ablation)

@@ -52,4 +52,4 @@ class HoldSinkClock(Intervention):
         from posleak.interventions.key0_reads import Key0Reads
 
         heads = heads_of(values[self.options[0].name], self.flag, sink_heads)
-        edits.output_edits = (*edits.output_edits, Key0Reads(heads, self.target, self.flag))
+        edits.add_output_edit(Key0Reads(heads, self.target, self.flag))

@@ -59,4 +59,4 @@ class PatchKv0(Intervention):
             raise ValueError("patch_kv0 needs the model, to compute the source token's key and value")
         heads = heads_of(values["kv0_heads"], HEADS_OPTION, sink_heads)
         token = source_token(tokenizer, values["patch_kv0"], option=OPTION)
-        edits.output_edits = (*edits.output_edits, key0_patch(model, token, heads))
+        edits.add_output_edit(key0_patch(model, token, heads))

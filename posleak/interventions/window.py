@@ -39,7 +39,7 @@ class Window(Intervention):
         tokenizer: PreTrainedTokenizerBase | None,
     ) -> None:
         width = parse_window(values["window"])
-        edits.mask_edits = (*edits.mask_edits, WindowOverride(None if width == "global" else width))
+        edits.add_mask_edit(WindowOverride(None if width == "global" else width))
 
 
 @dataclass(frozen=True)

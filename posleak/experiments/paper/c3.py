@@ -23,6 +23,7 @@ from posleak.experiments.paper.c3_units import (
     QUESTIONS,
     UnitEvidence,
     measure_units,
+    select_units,
 )
 from posleak.experiments.paper.claim import (
     ACROSS_CORPORA,
@@ -34,7 +35,7 @@ from posleak.experiments.paper.claim import (
     quote,
     rounded,
 )
-from posleak.experiments.paper.plan import SHOWN
+from posleak.experiments.paper.plan import SHOWN, RoleName
 from posleak.experiments.paper.reproduction import SampleRuns
 from posleak.experiments.paper.verdict import HOLM, Judgement, Revision, fact, judge
 from posleak.pipeline import AnalysisResult
@@ -202,10 +203,17 @@ class C3(ClaimModule):
         "that of another token (docs/method.md §9, §13)."
     )
 
+    def before_shared(self) -> None:
+        """Every unit's baseline on the selection sample, and the heads it chose."""
+        self.selected = select_units(self.repro)
+
+    def compared_roles(self) -> frozenset[RoleName]:
+        """The roles whose shared baseline a unit that can test C3 compares its runs with."""
+        return frozenset(s.unit.role for s in self.selected if s.unit.full and s.design.untestable() is None)
+
     def measure(self, runs: Mapping[str, SampleRuns]) -> None:
-        """Every unit's selection baseline, then its baselines, clock removals, patches and ablations on both
-        samples."""
-        self.evidence = measure_units(self.repro, runs)
+        """Every unit's baselines in the other BOS setting, clock removals, patches and ablations on both samples."""
+        self.evidence = measure_units(self.repro, runs, self.selected)
 
     def judge(self, runs: SampleRuns, sample: str) -> Judgement:
         units = self.evidence[sample].values()

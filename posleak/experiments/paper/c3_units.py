@@ -82,14 +82,15 @@ class Unit:
         return self.bos == "auto"
 
 
-def c3_units(repro: Reproduction, runs: SampleRuns) -> list[Unit]:
+def c3_units(repro: Reproduction) -> list[Unit]:
     """Each C3 role's model in its shared baseline's BOS setting, then in the other where its tokenizer allows
     (off where a BOS stands at position 0; on where the tokenizer has a BOS token it does not prepend) when the
     plan asks for both settings."""
     units = []
     for role in C3_ROLES:
         spec = repro.plan.roles[role]
-        at_0 = runs.by_role()[role].manifest["data"]["bos_id"] is not None
+        # the shared baseline's --bos auto puts a BOS at 0 where the tokenizer prepends one (data.batches.pos0_token)
+        at_0 = repro.model(spec.model).facts.auto_bos
         units.append(Unit(role, "auto", at_0, _label(spec.name, at_0), spec.folder, repro.plan.c3_reported))
         if repro.plan.c3_both_bos and (at_0 or read_facts(spec.model).has_bos):
             other: BosPolicy = "off" if at_0 else "on"
@@ -321,23 +322,41 @@ def _reported(evidence: str, change: Estimate) -> dict[str, Any]:
     return row(evidence, change, -MIN_SINK_LOWERING, "below", "%", deciding=False)
 
 
-def measure_units(repro: Reproduction, runs: Mapping[str, SampleRuns]) -> dict[str, dict[str, UnitEvidence]]:
-    """Every unit's runs on each sample, by sample and unit label: in a first wave each unit's baseline on the
-    selection sample and, in the other BOS settings, on each sample; then every unit's runs on each sample, with
-    the heads its selection baseline chose."""
+@dataclass(frozen=True)
+class Selected:
+    """A unit with its baseline on the selection sample and the heads that baseline chose."""
+
+    unit: Unit
+    selection: AnalysisResult
+    design: Design
+
+
+def select_units(repro: Reproduction) -> list[Selected]:
+    """Every unit's baseline on the selection sample and the heads it chose, in one wave before the shared
+    analyses: which units can test C3, and so which shared baselines C3 compares its runs with, follows from them."""
+    units = c3_units(repro)
+    results = repro.run([baseline_job(repro, u, SELECTION) for u in units])
+    draws = repro.plan.control_draws
+    return [Selected(u, r, Design.of(r, draws)) for u, r in zip(units, results, strict=True)]
+
+
+def measure_units(
+    repro: Reproduction, runs: Mapping[str, SampleRuns], selected: list[Selected]
+) -> dict[str, dict[str, UnitEvidence]]:
+    """Every unit's runs on each sample, by sample and unit label: in a first wave each unit's baseline in the other
+    BOS settings on each sample; then every unit's runs on each sample, with the heads its selection baseline
+    chose (`select_units`)."""
     samples = list(runs)
-    units = c3_units(repro, runs[samples[0]])
-    extra = [(u, SELECTION) for u in units] + [(u, s) for s in samples for u in units if not u.full]
-    baselines = dict(zip(extra, repro.run([baseline_job(repro, u, s) for u, s in extra]), strict=True))
-    designs = {u: Design.of(baselines[(u, SELECTION)], repro.plan.control_draws) for u in units}
+    other = [(s.unit, sample) for sample in samples for s in selected if not s.unit.full]
+    baselines = dict(zip(other, repro.run([baseline_job(repro, u, sample) for u, sample in other]), strict=True))
     planned = []
-    for s in samples:
-        for u in units:
-            base = runs[s].by_role()[u.role] if u.full else baselines[(u, s)]
-            planned.append((u, s, base, unit_jobs(repro, u, designs[u], s)))
+    for sample in samples:
+        for s in selected:
+            base = runs[sample].by_role()[s.unit.role] if s.unit.full else baselines[(s.unit, sample)]
+            planned.append((s, sample, base, unit_jobs(repro, s.unit, s.design, sample)))
     results = iter(repro.run([job for *_, jobs in planned for job in jobs.values()]))
-    evidence: dict[str, dict[str, UnitEvidence]] = {s: {} for s in samples}
-    for u, s, base, jobs in planned:
+    evidence: dict[str, dict[str, UnitEvidence]] = {sample: {} for sample in samples}
+    for s, sample, base, jobs in planned:
         runs_of = {name: next(results) for name in jobs}
-        evidence[s][u.label] = UnitEvidence(u, designs[u], baselines[(u, SELECTION)], base, runs_of)
+        evidence[sample][s.unit.label] = UnitEvidence(s.unit, s.design, s.selection, base, runs_of)
     return evidence

@@ -30,7 +30,6 @@ from posleak.experiments.paper.c4_lab import (
     LABEL,
     MIN_NTK_LOWERING,
     SLOPE_UNIT,
-    TRAINED,
     claim_c4_lab,
     lab_runs,
 )
@@ -44,7 +43,7 @@ from posleak.experiments.paper.claim import (
     quote,
     rounded,
 )
-from posleak.experiments.paper.plan import SHOWN
+from posleak.experiments.paper.plan import SHOWN, RoleName
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
 from posleak.experiments.paper.verdict import Judgement, Revision, fact, judge, row
 from posleak.pipeline import AnalysisResult
@@ -202,6 +201,9 @@ class C4(ClaimModule):
         "compared on the queries beyond the window at equal T (docs/method.md §3, §6, §13)."
     )
 
+    def compared_roles(self) -> frozenset[RoleName]:
+        return frozenset({"standard"})  # the NTK-scaled runs against the standard model
+
     def measure(self, runs: Mapping[str, SampleRuns]) -> None:
         jobs = window_jobs(self.repro, runs)
         self.at_window = dict(zip(jobs, self.repro.run(list(jobs.values())), strict=True))
@@ -232,7 +234,7 @@ class C4(ClaimModule):
             return {}
         return {
             "seeds": len(self.lab.runs["rope"]),
-            "testability": [self.lab.testability(variant).to_json() for variant in TRAINED],
+            "testability": [self.lab.testability(variant).to_json() for variant in self.lab.trained()],
             "untestable": self.lab.untestable(),
         }
 

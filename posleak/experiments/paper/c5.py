@@ -28,7 +28,7 @@ from posleak.experiments.paper.claim import (
     quote,
     rounded,
 )
-from posleak.experiments.paper.plan import SHOWN
+from posleak.experiments.paper.plan import SHOWN, RoleName
 from posleak.experiments.paper.reproduction import SampleRuns
 from posleak.experiments.paper.verdict import (
     EVIDENCE_COLUMNS,
@@ -223,6 +223,9 @@ class C5(ClaimModule):
             "mean, a random vector of the same norm, or zeros, before the forward pass; same sequences as the "
             "baseline (docs/method.md §9)."
         )
+
+    def compared_roles(self) -> frozenset[RoleName]:
+        return frozenset({"bos"})  # the BOS replacements against the BOS baseline
 
     def measure(self, runs: Mapping[str, SampleRuns]) -> None:
         """Each replacement's effect on the component and on the loss, by sample and replacement (no analysis)."""

@@ -75,6 +75,14 @@ class ClaimModule(ABC):
     def __init__(self, repro: Reproduction) -> None:
         self.repro = repro
 
+    def before_shared(self) -> None:  # noqa: B027 (most claims need nothing before the shared analyses)
+        """Run what this claim needs before the shared analyses (C3 chooses its heads on the selection sample)."""
+
+    def compared_roles(self) -> frozenset[RoleName]:
+        """The roles whose shared baseline one of this claim's `interventions` is compared with (known after
+        `before_shared`): only those baselines keep their next-token scores (reproduction.run_shared)."""
+        return frozenset()
+
     def measure(self, runs: Mapping[str, SampleRuns]) -> None:  # noqa: B027 (most claims need nothing more)
         """Run what this claim needs beyond the shared analyses `runs` (by sample), keeping it for `judge`."""
 

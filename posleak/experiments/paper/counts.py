@@ -24,8 +24,8 @@ def analysis_count(plan: Plan) -> int:
     head = pd.DataFrame({"layer": [0], "head": [0]})
     design = Design(head, [head] * plan.control_draws, [0], pool=1)
     per_unit = len(design.interventions(plan.c3_reported))
-    per_sample = len(shared_analyses(plan)) + 1 + len(C3_ROLES) * per_unit
-    return len(SAMPLES) * per_sample + len(C3_ROLES)
+    shared = sum(len(shared_analyses(plan, sample)) for sample in SAMPLES)
+    return shared + len(SAMPLES) * (1 + len(C3_ROLES) * per_unit) + len(C3_ROLES)
 
 
 def lab_model_count(plan: Plan) -> int:

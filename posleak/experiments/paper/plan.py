@@ -86,12 +86,18 @@ class Plan:
     # C3's runs that are reported, not judged (value ablations, the whole position-0 patch) in each model's own BOS
     # setting (--quick leaves them out, for time: 3 to 4 runs per unit and sample)
     c3_reported: bool
+    # the shuffle and shift nulls of the models C1 and C2 judge on both samples, or on the shown one (SHOWN) alone:
+    # they are reported beside the magnitudes, never deciding (--quick: on A only, for time: 6 runs)
+    nulls_both_samples: bool
     fingerprint_seqs: int
     bootstrap: int
     lab_steps: int  # C4's controlled line: training steps of each lab model
     lab_seq_len: int
     lab_seeds: tuple[int, ...]
     lab_analyze_seqs: int
+    # C4's lab also trains the model with a large RoPE base, whose line is reported, not judged (it is not NTK
+    # scaling; posleak.experiments.paper.c4_lab.LAB_LINES): --quick leaves it out, for time (a third of the lab)
+    lab_large_base: bool
     # T at which every claim chooses sink heads (α₀ > 0.3), on the selection sample, whatever T the runs judge at:
     # α₀ is a mean over queries and falls as T grows (smollm2-135m: 219 of 270 heads at T = 32, 128–145 at 256),
     # so a threshold at each run's own T moved which heads, and which layers, count (issue 44)
@@ -133,26 +139,30 @@ class Plan:
 #                                                      T = 512: 27–29 / 28–29 / 13–14;  T = 640: 22–24 / 23–24 / 12
 #                                                      T = 768: 18–20 / 21–22 / 9–11
 #   World English Bible (66 books, 63 of them ≥ 640 tokens): T = 512: 25 / 26 / 13;  T = 768: 24–25 / 26 / 12
-# --quick takes 16 per sample at T = 256 and 640. --full cannot take 32: at its T = 512 both corpora together hold
-# 64–72 documents long enough, too few for 2 × 32 and a selection sample; it takes the most they allow, 25 at
-# T = 512 (the Bible's sample A) and 20 at T = 768 (the stdlib's sample A with gemma3-270m's tokenizer).
+# --quick takes 16 per sample at T = 256 and 20 at T = 640. --full cannot take 32: at its T = 512 both corpora
+# together hold 64–72 documents long enough, too few for 2 × 32 and a selection sample; it takes the most they allow,
+# 25 at T = 512 (the Bible's sample A) and 20 at T = 768 (the stdlib's sample A with gemma3-270m's tokenizer).
 QUICK = Plan(
     name="quick",
     seq_len=256,
     num_seqs=16,  # 16 documents per sample, one window each (issue 43: intervals over too few documents)
     sliding_seq_len=640,
-    sliding_num_seqs=16,
+    # 20 of the 22–24 documents a sample holds at T = 640 (above): its C1 and C2 rows were the widest that could
+    # narrow below half their value (issue 43), paid for by the scores and nulls --quick leaves out
+    sliding_num_seqs=20,
     large_base_num_seqs=16,
     ntk_factors=(4.0, 16.0),
     control_draws=1,  # the full plan's 3: four fewer runs per unit and sample (two per question), for time
     c3_both_bos=False,
     c3_reported=False,
+    nulls_both_samples=False,
     fingerprint_seqs=8,
     bootstrap=200,
     lab_steps=300,
     lab_seq_len=64,
     lab_seeds=(0, 1, 2, 3, 4),  # C4's lab line: intervals over seeds want several
     lab_analyze_seqs=16,
+    lab_large_base=False,
     sink_seq_len=256,
     provisional=True,
 )
@@ -167,12 +177,14 @@ FULL = Plan(
     control_draws=3,
     c3_both_bos=True,
     c3_reported=True,
+    nulls_both_samples=True,
     fingerprint_seqs=24,
     bootstrap=500,
     lab_steps=600,
     lab_seq_len=128,
     lab_seeds=(0, 1, 2, 3, 4),
     lab_analyze_seqs=32,
+    lab_large_base=True,
     sink_seq_len=256,
     corpora=(DEFAULT_CORPUS, bible.NAME),  # every claim on both corpora, side by side (method §13)
 )

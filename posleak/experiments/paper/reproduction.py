@@ -13,7 +13,7 @@ their models; which documents each sample's runs used is read from their manifes
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 from posleak.data.batches import TokenBatch
 from posleak.data.kinds import NullKind, Part
 from posleak.experiments.batch import AnalysisJob, ModelCache, draw_sequences, run_analyses
-from posleak.experiments.paper.plan import SAMPLES, Plan, Role, RoleName
+from posleak.experiments.paper.plan import SAMPLES, SHOWN, Plan, Role, RoleName
 from posleak.interventions import Interventions
 from posleak.models.load import LoadedModel
 from posleak.pipeline import AnalysisResult, AnalyzeConfig
@@ -149,10 +149,10 @@ class Analysis:
 _SAMPLE_OF = {part: sample for sample, part in PARTS.items()}
 
 
-def shared_analyses(plan: Plan) -> list[Analysis]:
-    """The analyses that need nothing else, in the order they run: every baseline, the standard model under each
-    NTK factor (C4), the BOS baseline and its replacements (C5), then each null of the models C1 and C2 judge, at
-    their own T and N."""
+def shared_analyses(plan: Plan, sample: str = SHOWN) -> list[Analysis]:
+    """The analyses of `sample` that need nothing else, in the order they run: every baseline, the standard model
+    under each NTK factor (C4), the BOS baseline and its replacements (C5), then each null of the models C1 and C2
+    judge, at their own T and N, where the plan runs the nulls on `sample` (`Plan.nulls_both_samples`)."""
     roles = plan.roles
     standard, bos = roles["standard"], roles["bos"]
     ntk = [
@@ -167,6 +167,7 @@ def shared_analyses(plan: Plan) -> list[Analysis]:
         Analysis(_null_key(roles[role].key, kind), role, f"{roles[role].folder}-{kind}", null=kind)
         for role in BASELINE_ROLES
         for kind in NULL_KINDS
+        if plan.nulls_both_samples or sample == SHOWN
     ]
     return [plain["standard"], *ntk, plain["large-base"], plain["sliding"], plain["bos"], *replaced, *nulls]
 
@@ -193,7 +194,8 @@ class SampleRuns:
     sliding: AnalysisResult
     bos_baseline: AnalysisResult
     bos: dict[str, AnalysisResult]  # the BOS replacements, by kind
-    nulls: dict[RoleName, dict[str, AnalysisResult]]  # per role of BASELINE_ROLES, its baseline on each null
+    # per role of BASELINE_ROLES, its baseline on each null (none where the plan runs no nulls on the sample)
+    nulls: dict[RoleName, dict[str, AnalysisResult]]
     keys: tuple[str, ...]  # the manifest key of every run of `named()`, in its order
     roles: Mapping[RoleName, Role]  # the model of each role (the plan's)
 
@@ -246,24 +248,31 @@ class SampleRuns:
         return self.ntk[max(self.ntk)]
 
 
-def run_shared(repro: Reproduction) -> dict[str, SampleRuns]:
-    """Run (or read back) every shared analysis on both samples; sample A's first, then B's."""
-    analyses, roles = shared_analyses(repro.plan), repro.plan.roles
+def run_shared(repro: Reproduction, compared: Collection[RoleName]) -> dict[str, SampleRuns]:
+    """Run (or read back) every shared analysis on both samples; sample A's first, then B's. Next-token scores
+    are kept where an intervention is compared with the run: every intervened run, and the baselines of the roles
+    `compared` (the claims' `compared_roles`); a null's and any other baseline's are compared with nothing
+    (posleak.pipeline.config.MeasureOptions.scores), and leaving them out skips the model's output layer."""
+    analyses = {sample: shared_analyses(repro.plan, sample) for sample in SAMPLES}
+    roles = repro.plan.roles
+
+    def scored(a: Analysis) -> bool:
+        return a.null is None and (not a.interventions.is_empty() or a.role in compared)
+
     jobs = [
         repro.job(
             a.folder,
             roles[a.role].model,
-            # a null's next-token scores are compared with nothing (posleak.pipeline.config.MeasureOptions.scores)
-            repro.config(a.role, interventions=a.interventions, null=a.null, scores=a.null is None),
+            repro.config(a.role, interventions=a.interventions, null=a.null, scores=scored(a)),
             sample,
         )
         for sample in SAMPLES
-        for a in analyses
+        for a in analyses[sample]
     ]
     results = iter(repro.run(jobs))
     runs = {}
     for sample in SAMPLES:
-        by_key = {a.key: next(results) for a in analyses}
+        by_key = {a.key: next(results) for a in analyses[sample]}
         runs[sample] = SampleRuns(
             standard=by_key[roles["standard"].key],
             ntk={k: by_key[_ntk_key(k)] for k in repro.plan.ntk_factors},
@@ -271,8 +280,11 @@ def run_shared(repro: Reproduction) -> dict[str, SampleRuns]:
             sliding=by_key[roles["sliding"].key],
             bos_baseline=by_key[roles["bos"].key],
             bos={kind: by_key[_bos_key(kind)] for kind in BOS_KINDS},
-            nulls={role: {k: by_key[_null_key(roles[role].key, k)] for k in NULL_KINDS} for role in BASELINE_ROLES},
-            keys=tuple(f"{a.key}-{sample}" for a in analyses),
+            nulls={
+                role: {k: run for k in NULL_KINDS if (run := by_key.get(_null_key(roles[role].key, k)))}
+                for role in BASELINE_ROLES
+            },
+            keys=tuple(f"{a.key}-{sample}" for a in analyses[sample]),
             roles=roles,
         )
     return runs

@@ -43,8 +43,9 @@ def reproduce(
     `backend`: "local" runs the analyses here one after another, in the same waves as Ray's (each wave takes
     each model's analyses together, so that it loads once), and the lab trials side by side, one process per core;
     "ray" runs each as a Ray task (posleak.experiments.batch), on a local cluster or the one at `address`, in
-    waves: every analysis that needs nothing else, then C3's baselines on its selection sample and in the other BOS
-    setting, then C3's clock removals, patches and ablations (their heads come from the selection baselines).
+    waves: C3's baselines on its selection sample (which choose its heads, and so which shared baselines it compares
+    with), then every analysis that needs nothing else, then C3's baselines in the other BOS setting, then C3's
+    clock removals, patches and ablations.
 
     On several corpora (`plan.corpora`), the whole reproduction runs on each, into OUT/corpora/NAME, and OUT's
     claims.json and report.html hold every claim with the corpora side by side (posleak.experiments.paper.corpora)."""
@@ -67,8 +68,10 @@ def reproduce(
 
 def _reproduce_on(repro: Reproduction) -> list[Claim]:
     """The reproduction on the plan's one corpus, into its folder: the claims judged, their outputs written."""
-    runs = run_shared(repro)
     modules = [claim(repro) for claim in CLAIMS]
+    for module in modules:
+        module.before_shared()
+    runs = run_shared(repro, frozenset().union(*(module.compared_roles() for module in modules)))
     for module in modules:
         module.measure(runs)
     claims = judged(repro, modules, runs)
