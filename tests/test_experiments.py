@@ -1086,7 +1086,7 @@ def test_the_lab_line_of_c4_trains_one_decoder_three_ways_at_tiny_size(tmp_path:
     the slopes the criterion judges equal numpy's least squares on each run's own per-layer table; the lab's
     criterion runs on them."""
     tiny = dict(lab_steps=8, lab_seq_len=16, lab_analyze_seqs=4, bootstrap=20, ntk_factors=(16.0,), lab_seeds=(0, 1))
-    plan = replace(QUICK, **tiny)
+    plan = replace(QUICK, lab_large_base=True, **tiny)  # --quick leaves the large base out
     lab = lab_runs(Reproduction(tmp_path / "paper", plan, progress=False))
     counts = {variant: len(runs) for variant, runs in lab.runs.items()}
     assert counts == {"rope": 2, "window": 2, "large-base": 2, "ntk": 2}

@@ -257,7 +257,7 @@ def run_shared(repro: Reproduction, compared: Collection[RoleName]) -> dict[str,
     roles = repro.plan.roles
 
     def scored(a: Analysis) -> bool:
-        return a.null is None and (not a.interventions.is_empty() or a.role in compared)
+        return a.null is None and (not a.interventions.is_empty or a.role in compared)
 
     jobs = [
         repro.job(
