@@ -468,6 +468,29 @@ def test_estimates_against_numpy() -> None:
     difference = slope.minus(depth_slope(new, "resid_all"))
     other = np.array([np.polyfit(depth, sample, 1)[0] for sample in new_boot["resid_all"]])
     assert difference.interval == pytest.approx(_interval(slopes - other))
+    # on chosen layers, each at its depth in the whole stack
+    chosen = depth_slope(base, "resid_all", [0, 2, 3])
+    assert chosen.value == pytest.approx(np.polyfit(depth[[0, 2, 3]], np.array(values["resid_all"])[[0, 2, 3]], 1)[0])
+    fitted = np.array([np.polyfit(depth[[0, 2, 3]], sample[[0, 2, 3]], 1)[0] for sample in base_boot["resid_all"]])
+    assert chosen.interval == pytest.approx(_interval(fitted))
+
+
+def test_the_window_comparison_fits_the_sliding_model_on_its_windowed_layers() -> None:
+    """C4's line (2) beyond the window (revised 2026-12-06, issue 44): a sliding model whose windowed layers stay
+    flat beyond the window while its global layers (window 0) rise has slope 0 there, not the straight line
+    through the sawtooth; the standard model's slope is fitted on every layer."""
+    sawtooth = [0.1, 0.1, 0.8, 0.1, 0.1, 1.6]  # two local layers, then one global, twice
+    sliding, _ = _run({"resid_beyond": sawtooth}, 0.0, seed=0)
+    sliding.per_layer["window"] = [512, 512, 0, 512, 512, 0]
+    sliding.manifest.update(data={"seq_len": 640}, measurement={"beyond": 512})
+    standard, _ = _run({"resid_beyond": [0.1, 0.2, 0.3, 0.4]}, 0.0, seed=1)
+    window = WindowComparison.of(sliding, standard)
+    assert (window.windowed, window.layers, window.where) == (4, 6, "i ≥ 512, T = 640")
+    assert window.sliding.value == pytest.approx(0.0, abs=1e-12)
+    assert depth_slope(sliding, "resid_beyond").value > 0.9  # the line through every layer rises
+    assert window.standard.value == pytest.approx(np.polyfit(np.linspace(0, 1, 4), [0.1, 0.2, 0.3, 0.4], 1)[0])
+    rows = claim_c4(_estimate(-8.0, 1.0), SLOPES, window).evidence.set_index("evidence")
+    assert rows.loc["(2) slope beyond the window (i ≥ 512, T = 640): sliding − standard", "says"] == "contradicts"
 
 
 def test_a_seed_mean_s_interval_holds_the_spread_between_seeds() -> None:
@@ -849,7 +872,7 @@ def test_heads_by_layer_reads_as_wrapping_per_layer_lists() -> None:
 
 
 SLOPES = {"standard": _estimate(0.1, 0.05), "ntk": _estimate(-0.1, 0.05)}
-WINDOW = WindowComparison(_estimate(0.3, 0.05), _estimate(0.1, 0.05), seq_len=640, window=512)
+WINDOW = WindowComparison(_estimate(0.3, 0.05), _estimate(0.1, 0.05), seq_len=640, window=512, windowed=15, layers=18)
 
 
 @pytest.mark.parametrize(
@@ -872,6 +895,7 @@ def test_claim_c4_verdicts(ntk: Estimate, window: WindowComparison | None, verdi
     assert not any("lab" in name for name in rows.index)
     if window is not None:
         assert "(2) slope beyond the window (i ≥ 512, T = 640): sliding − standard" in rows.index
+        assert "slope beyond the window: sliding (15 windowed layers of 18)" in rows.index
 
 
 def _probe_heads(sinks: dict[int, tuple[int, ...]], controls: bool) -> ProbeHeads:

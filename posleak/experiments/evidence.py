@@ -210,11 +210,15 @@ def share_removed(
     return Estimate(100 * (base.value - new.value) / total.value, 100 * (b - n) / total.samples, _fewer(base, new))
 
 
-def depth_slope(result: AnalysisResult, measure: str) -> Estimate:
+def depth_slope(result: AnalysisResult, measure: str, layers: Sequence[int] | None = None) -> Estimate:
     """Least-squares slope of the per-layer magnitude against relative depth l / (L − 1), in nats per unit
-    depth: models of different depths compare on one scale (the whole stack, first layer to last)."""
-    point, boot = _layers(result, measure, None)
-    depth = torch.linspace(0, 1, point.shape[0], dtype=torch.float64)
+    depth: models of different depths compare on one scale (the whole stack, first layer to last). Fitted on
+    `layers` (default all), each at its depth in the whole stack."""
+    point, boot = _layers(result, measure, layers)
+    every = sorted(result.per_layer["layer"])
+    depth = torch.linspace(0, 1, len(every), dtype=torch.float64)
+    if layers is not None:
+        depth = depth[[every.index(layer) for layer in layers]]
     centred = depth - depth.mean()
 
     def slope(values: torch.Tensor) -> torch.Tensor:

@@ -56,7 +56,8 @@ C4_CRITERION = (
     f"over layers) by more than {MIN_NTK_LOWERING:g}%. (2) Between pretrained models, the slope of the "
     "residual-stream magnitude against relative depth orders sliding window > standard RoPE > NTK-scaled RoPE (both "
     "differences above 0): the window comparison on the queries beyond the window (W ≤ i < T, resid_beyond), the "
-    "standard model at the sliding-window model's T; standard against NTK on all queries. Lines (1) and (2) are "
+    "standard model at the sliding-window model's T, the sliding model's slope fitted on its windowed layers alone "
+    "(each at its depth in the stack); standard against NTK on all queries. Lines (1) and (2) are "
     "judged on each sample. The lab is judged once, on its own replication (≥ 5 seeds), not per sample: one "
     "decoder trained on the same data and budget with full causal RoPE and with a sliding window, and the RoPE-"
     "trained one under NTK scaling at inference (the same largest factor). (3) Its slopes order the same way, the "
@@ -78,20 +79,28 @@ WINDOW_ROW = "(2) slope beyond the window"  # the start of the name of the pretr
 @dataclass(frozen=True)
 class WindowComparison:
     """The sliding-window model and the standard one at the same T, each measured on the queries beyond the
-    window, W ≤ i < T: the slopes of their resid_beyond against relative depth."""
+    window, W ≤ i < T: the slopes of their resid_beyond against relative depth, the sliding model's fitted on its
+    windowed layers alone (`windowed` of its `layers`): a global layer sees key 0 from every query, and one straight
+    line through a stack that alternates them (gemma3: five local layers, one global) mixes two slopes."""
 
     sliding: Estimate
     standard: Estimate
     seq_len: int
     window: int
+    windowed: int
+    layers: int
 
     @classmethod
     def of(cls, sliding: AnalysisResult, standard: AnalysisResult) -> WindowComparison:
+        per_layer = sliding.per_layer
+        windowed = sorted(per_layer.loc[per_layer["window"] > 0, "layer"])
         return cls(
-            depth_slope(sliding, "resid_beyond"),
+            depth_slope(sliding, "resid_beyond", windowed),
             depth_slope(standard, "resid_beyond"),
             int(sliding.manifest["data"]["seq_len"]),
             int(sliding.manifest["measurement"]["beyond"]),
+            len(windowed),
+            len(per_layer),
         )
 
     @property
@@ -116,7 +125,8 @@ def claim_c4(
     else:
         difference = window.sliding.minus(window.standard)
         rows.append(row(f"{WINDOW_ROW} ({window.where}): sliding − standard", difference, 0.0, "above", SLOPE_UNIT))
-        for name, estimate in (("sliding", window.sliding), ("standard", window.standard)):
+        sliding = f"sliding ({window.windowed} windowed layers of {window.layers})"
+        for name, estimate in ((sliding, window.sliding), ("standard", window.standard)):
             rows.append(row(f"slope beyond the window: {name}", estimate, 0.0, "above", SLOPE_UNIT, deciding=False))
     rows.append(row("(2) slope: standard − NTK", slopes["standard"].minus(slopes["ntk"]), 0.0, "above", SLOPE_UNIT))
     for name, estimate in {**slopes, **(reported or {})}.items():
@@ -192,6 +202,12 @@ class C4(ClaimModule):
             "base'; a lab line tests only where every seed's model has a sink head (α₀ > 0.3) and the seed mean "
             "of resid_all lies above C1's 0.05 nats, otherwise it is untestable and leaves the verdict; the "
             "claim's verdict joins the samples' and the lab's where it can test (issue 44)",
+        ),
+        Revision(
+            "2026-12-06",
+            "the sliding model's slope beyond the window fitted on its windowed layers alone, each at its depth in "
+            "the stack (before: every layer, one straight line through gemma3-270m's five local layers to one "
+            "global, which mixes the two kinds; issue 44)",
         ),
     )
     method = (
