@@ -88,9 +88,14 @@ class LabRuns:
 
     runs: dict[str, list[AnalysisResult]]
 
+    def variants(self) -> list[str]:
+        """The variants analysed, in LAB_VARIANTS order: a plan may leave out the large-base one
+        (`Plan.lab_large_base`)."""
+        return [variant for variant in LAB_VARIANTS if variant in self.runs]
+
     def trained(self) -> list[str]:
-        """The variants trained (TRAINED order): a plan may leave out the large-base one (`Plan.lab_large_base`)."""
-        return [variant for variant in TRAINED if variant in self.runs]
+        """The variants trained (TRAINED order): `variants` but the RoPE one under NTK scaling at inference."""
+        return [variant for variant in self.variants() if variant in TRAINED]
 
     def slope(self, variant: str, measure: str = "resid_all") -> Estimate:
         return seed_mean([depth_slope(result, measure) for result in self.runs[variant]])
@@ -149,7 +154,7 @@ def claim_c4_lab(lab: LabRuns) -> Judgement:
         level = lab.level_change("large-base", "rope")
         name = "lab: large base (trained) against rope, resid_all"
         rows.append(row(name, level, -MIN_NTK_LOWERING, "below", "%", deciding=False))
-    for variant in (v for v in LAB_VARIANTS if v in lab.runs):
+    for variant in lab.variants():
         name = f"lab slope: {LABEL[variant]} (seed mean)"
         rows.append(row(name, lab.slope(variant), 0.0, "above", SLOPE_UNIT, deciding=False))
         beyond = lab.slope(variant, "resid_beyond")

@@ -281,7 +281,7 @@ def run_shared(repro: Reproduction, compared: Collection[RoleName]) -> dict[str,
             bos_baseline=by_key[roles["bos"].key],
             bos={kind: by_key[_bos_key(kind)] for kind in BOS_KINDS},
             nulls={
-                role: {k: run for k in NULL_KINDS if (run := by_key.get(_null_key(roles[role].key, k)))}
+                role: {k: by_key[key] for k in NULL_KINDS if (key := _null_key(roles[role].key, k)) in by_key}
                 for role in BASELINE_ROLES
             },
             keys=tuple(f"{a.key}-{sample}" for a in analyses[sample]),
