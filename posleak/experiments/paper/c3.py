@@ -18,7 +18,8 @@ import pandas as pd
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.experiments.paper.c3_units import (
     C3_ROLES,
-    MIN_SINK_LOWERING,
+    MIN_CLOCK_LOWERING,
+    MIN_PATCH_LOWERING,
     PATCH_SOURCE,
     QUESTIONS,
     UnitEvidence,
@@ -62,10 +63,12 @@ C3_CRITERION = (
     "questions, each judged alone: (a) the clock removal of "
     "the sink heads (each head's weight on key 0 held at its mean over queries, the rest renormalised) and (b) the "
     f"position-0 key and value of the sink heads taken from the trajectory of {PATCH_SOURCE!r} each lower the mean "
-    "residual-stream magnitude (all queries) of the layers after the first sink head by more than "
-    f"{MIN_SINK_LOWERING:g}% (95% interval below −{MIN_SINK_LOWERING:g}%) and by more than the same edit of each "
-    f"control (paired difference, interval below 0); not consistent where the interval lies above "
-    f"−{MIN_SINK_LOWERING:g}% or a control lowers it more. A question over the units: consistent when every unit "
+    "residual-stream magnitude (all queries) of the layers after the first sink head, (a) by more than "
+    f"{MIN_CLOCK_LOWERING:g}% (a fifth of its square: the sink heads must carry a share of the component, the "
+    f"low edge of C5's band, not merely move it) and (b) by more than {MIN_PATCH_LOWERING:g}% (95% interval below "
+    "that), and by more than the same edit of each "
+    "control (paired difference, interval below 0); not consistent where the interval lies above "
+    "that threshold or a control lowers it more. A question over the units: consistent when every unit "
     "is; not consistent when more than half of the units are not; inconclusive otherwise; a unit without sink "
     "heads, or with fewer non-sink heads outside the last layer than sink heads (no matched control, as in C6), "
     "cannot test either question and is left out, reported as untestable (with no unit left, inconclusive). "
@@ -187,6 +190,14 @@ class C3(ClaimModule):
             "smollm2-135m's (119 heads for 142 sink heads, mean clock 0.46 against the sinks' 0.75) raised its "
             "later layers' component by 27%, so its 'sinks lower it more than the control' passed because the "
             "control disrupts (issue 44)",
+        ),
+        Revision(
+            "2026-12-06",
+            f"question (a) judged on the component's own scale: the clock removal of the sink heads must lower the "
+            f"later layers' magnitude by more than {MIN_CLOCK_LOWERING:g}% (a fifth of the squared component, the "
+            "low edge of C5's band), where it had to lower it by more than 1%: a removal that leaves 96% of the "
+            "component (smollm2-135m's −4% in the full plan of 2026-12-05) does not show that sink heads carry "
+            "it; (b), whether the trajectory read matters at all, keeps 1% (issue 44)",
         ),
     )
     family_wise = f"{HOLM}, within each unit and question; the units and questions combine as the criterion says"

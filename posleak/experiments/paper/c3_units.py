@@ -11,6 +11,7 @@ removal and the path-specific patch, each of the sink heads and of each control)
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.data.kinds import BosPolicy
 from posleak.experiments.batch import AnalysisJob
 from posleak.experiments.evidence import Estimate, percent_change
+from posleak.experiments.paper.c5 import BOS_BAND
 from posleak.experiments.paper.models import read_facts
 from posleak.experiments.paper.plan import RoleName
 from posleak.experiments.paper.reproduction import SELECTION, Reproduction, SampleRuns
@@ -30,7 +32,13 @@ from posleak.pipeline import AnalysisResult, AnalyzeConfig
 
 C3_ROLES: tuple[RoleName, ...] = ("standard", "large-base", "sliding")
 PATCH_SOURCE = "the"  # the token whose position-0 trajectory is read instead (one token in every tokenizer here)
-MIN_SINK_LOWERING = 1.0  # %: the least lowering of the later layers' residual-stream magnitude that counts
+# %: the least lowering of the later layers' residual-stream magnitude that counts, per question. (a) asks whether
+# the sink heads carry the component, so their clock removal must take away a share of it on its own scale, not any
+# change beyond noise: a fifth of the squared component (the low edge of the share the paper gives position 0's
+# token at early queries, C5's band) is 1 − √0.8 = 10.6% of the magnitude. (b) asks whether the trajectory read
+# matters at all: any lowering beyond 1%.
+MIN_CLOCK_LOWERING = round(100 * (1 - math.sqrt(1 - BOS_BAND[0] / 100)), 1)
+MIN_PATCH_LOWERING = 1.0
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,7 @@ class Question:
     run: str
     what: str
     edit: Callable[[str], Interventions]  # the edit of the heads `L.H,...`
+    lowering: float  # %: the least lowering of the edit of the sink heads that counts
 
     @property
     def deciding(self) -> str:
@@ -55,12 +64,14 @@ QUESTIONS = (
         "clock",
         "clock removal",  # do sink heads carry position to later queries
         lambda heads: Interventions(hold_sink_clock=heads),
+        MIN_CLOCK_LOWERING,
     ),
     Question(
         "b",
         "kv0",
         "K/V patch",  # does it matter which trajectory they read
         lambda heads: Interventions(patch_kv0=PATCH_SOURCE, kv0_heads=heads),
+        MIN_PATCH_LOWERING,
     ),
 )
 
@@ -292,7 +303,7 @@ def unit_rows(
     rows = {q.key: question_rows(label, q, changes) for q in QUESTIONS}
     if "ablate-sinks" in changes:
         rows["b"] += [
-            _reported(f"{label}: {what}: change", changes[name])
+            _reported(f"{label}: {what}: change", changes[name], MIN_PATCH_LOWERING)
             for what, name in (
                 ("value ablation (zero)", "ablate-sinks"),
                 ("value ablation (mean)", "ablate-sinks-mean"),
@@ -304,22 +315,22 @@ def unit_rows(
 
 
 def question_rows(label: str, question: Question, changes: Mapping[str, Estimate]) -> list[dict[str, Any]]:
-    """One question's rows of a unit: its edit of the sink heads below −MIN_SINK_LOWERING%, and below the same edit
+    """One question's rows of a unit: its edit of the sink heads below −`question.lowering`%, and below the same edit
     of each control (paired difference below 0); each control's own change, reported."""
     name = f"{label}: ({question.key}) {question.what}"
     sinks = changes[f"{question.run}-sinks"]
-    rows = [row(f"{label}: {question.deciding}", sinks, -MIN_SINK_LOWERING, "below", "%")]
+    rows = [row(f"{label}: {question.deciding}", sinks, -question.lowering, "below", "%")]
     for k in range(len(changes)):
         if (control := changes.get(f"{question.run}-control{k}")) is not None:
             rows += [
                 row(f"{name} − control {k}", sinks.minus(control), 0.0, "below", "% points"),
-                _reported(f"{name} of control {k}: change", control),
+                _reported(f"{name} of control {k}: change", control, question.lowering),
             ]
     return rows
 
 
-def _reported(evidence: str, change: Estimate) -> dict[str, Any]:
-    return row(evidence, change, -MIN_SINK_LOWERING, "below", "%", deciding=False)
+def _reported(evidence: str, change: Estimate, lowering: float) -> dict[str, Any]:
+    return row(evidence, change, -lowering, "below", "%", deciding=False)
 
 
 @dataclass(frozen=True)
