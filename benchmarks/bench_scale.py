@@ -15,9 +15,9 @@ against the device's peak, measured on the spot as the best of a few float64 n �
 `torch.cuda.max_memory_allocated`, on the CPU the kernel's high-water mark, as bench_analyze.py measures it);
 and projected times: one whole-model analysis = seconds per layer × L, and `posleak paper --quick` at that
 scale = A × L × seconds per layer, A the analyses of the --quick plan (posleak.experiments.paper.counts.
-analysis_count: the shared analyses of both samples, C4's run beyond the window, C3's runs and its selection
-baselines); the projection assumes every one of them is a model of this shape at this T and N and counts only the
-measurement (not the forwards, the lab's small models or the report).
+analysis_count: the shared analyses of both samples, C4's window line where the plan measures it, C3's runs and
+its selection baselines); the projection assumes every one of them is a model of this shape at this T and N and
+counts only the measurement (not the forwards, the lab's small models or the report).
 
 Operation count (multiply-adds count 2, as in the peak's matmul). `measure_layer` takes the path that
 posleak.measure.layer_sums.choose_path takes: materialised for T ≤ 2·N·D, else bilinear. With W = min(T,

@@ -42,8 +42,9 @@ from posleak.experiments.paper.c3_units import (
     sink_heads,
     unit_rows,
 )
-from posleak.experiments.paper.c4 import WindowComparison, claim_c4
+from posleak.experiments.paper.c4 import C4, claim_c4
 from posleak.experiments.paper.c4_lab import claim_c4_lab, lab_runs
+from posleak.experiments.paper.c4_window import WindowComparison, claim_window
 from posleak.experiments.paper.c5 import DECIDING, KEY_PARTS, removed_name
 from posleak.experiments.paper.c6 import C6, MIN_EFFECT, claim_c6
 from posleak.experiments.paper.c6_probe import (
@@ -71,7 +72,7 @@ from posleak.experiments.paper.reproduction import (
     shared_analyses,
 )
 from posleak.experiments.paper.samples import document_problems
-from posleak.experiments.paper.verdict import SAYS, Claim, across_corpora, fact, judge, replicated, row
+from posleak.experiments.paper.verdict import SAYS, Claim, across_corpora, fact, judge, replicated, row, with_once
 from posleak.interventions import Interventions
 from posleak.interventions.patching import source_token
 from posleak.measure.position0 import variant_states
@@ -94,10 +95,11 @@ roles:
   large-base: {seq_len: 128, num_seqs: 4}
   sliding: {seq_len: 576, num_seqs: 4}
 base: {bootstrap: 50, fingerprint_seqs: 4, lab_steps: 40, lab_seq_len: 32, lab_analyze_seqs: 8, c3_reported: true,
-  sink_seq_len: 256}
+  sink_seq_len: 256, window_seq_len: 1024, window_num_seqs: 4}
 """
 # sink_seq_len as in --quick: at T = 128 every built-in has more sink heads than non-sink heads to match them, so no
-# unit could test C3 or C6; at 256 qwen2.5-coder-0.5b can (150 sink heads, 172 others outside its last layer)
+# unit could test C3 or C6; at 256 qwen2.5-coder-0.5b can (150 sink heads, 172 others outside its last layer).
+# C4's window line measured as --full does, on bible-web, at T = 1024 (2W: reported, deciding nothing) for time.
 # 81 analyses (tables only, no per-run report), the lab and C6's probe: 5.5 minutes measured on a quiet 2-core
 # Intel Xeon (2026-12-04), 9.1 in a full suite run beside other work; 14.3 on a 2-core AMD EPYC when each run
 # still drew its own report. The budget leaves room for slower machines.
@@ -127,7 +129,8 @@ def _paper_args(out: Path) -> list[str]:
 def test_the_terminal_ends_with_each_verdict_and_the_rows_that_decided_it(paper: Path) -> None:
     """One line per claim, its verdict as claims.json has it, then one or two rows of its evidence, each quoting
     the value and interval of claims.json's row in every sample that has it; where no deciding row gave the verdict
-    (every unit untestable; C3's closed system may still decide), one or two of the rows that say why."""
+    (every unit untestable; C3's closed system may still decide), one or two of the rows that say why; then, for
+    each part the claim needs that cannot test (C4's window line, here below 4W), its first row."""
     claims = {c["claim"]: c for c in json.loads((paper / "claims.json").read_text())}
     lines = (paper.parent / "stdout.txt").read_text().splitlines()
     heads = [k for k, line in enumerate(lines) if not line.startswith(" ")]
@@ -135,6 +138,13 @@ def test_the_terminal_ends_with_each_verdict_and_the_rows_that_decided_it(paper:
     for k, end in zip(heads, [*heads[1:], len(lines)], strict=True):
         claim = claims[lines[k].split()[0]]
         assert lines[k].startswith(f"{claim['claim']} {claim['verdict']}: ")
+        needed = [
+            f"    {name} (needed): {part['evidence'][0]['evidence']}"
+            for name, part in claim["once"].items()
+            if part["required"] and part["verdict"] == "not testable"
+        ]
+        assert lines[end - len(needed) : end] == needed and (claim["claim"] == "C4") == bool(needed)
+        end -= len(needed)
         assert 1 <= end - k - 1 <= 2
         for line in lines[k + 1 : end]:
             if line.startswith("    nothing decides: "):
@@ -168,8 +178,12 @@ def test_claims_json_has_a_verdict_and_the_evidence_of_both_samples(paper: Path)
         assert set(claim["samples"]) == {"A", "B"}
         verdicts = [sample["verdict"] for sample in claim["samples"].values()]
         replicated = verdicts[0] if verdicts[0] == verdicts[1] else "inconclusive"
-        # a part judged once (C4's lab) joins where it can test: consistent only where all are, not where any is not
-        parts = [replicated, *(o["verdict"] for o in claim["once"].values() if o["verdict"] != "not testable")]
+        # a part judged once (C4's lab, its window line) joins where it can test: consistent only where all are, not
+        # where any is not; one the claim needs (the window line) that cannot test leaves it inconclusive at best
+        once = claim["once"].values()
+        parts = [replicated]
+        parts += ["inconclusive" if o["verdict"] == "not testable" else o["verdict"] for o in once if o["required"]]
+        parts += [o["verdict"] for o in once if not o["required"] and o["verdict"] != "not testable"]
         joined = (
             "consistent"
             if set(parts) == {"consistent"}
@@ -178,7 +192,7 @@ def test_claims_json_has_a_verdict_and_the_evidence_of_both_samples(paper: Path)
             else "inconclusive"
         )
         assert claim["verdict"] == joined
-        assert set(claim["once"]) == ({"lab"} if claim["claim"] == "C4" else set())
+        assert set(claim["once"]) == ({"lab", "window"} if claim["claim"] == "C4" else set())
         for sample in claim["samples"].values():
             assert sample["evidence"] and all(
                 row["says"] in {"supports", "contradicts", "unclear"} for row in sample["evidence"]
@@ -319,14 +333,35 @@ def test_every_run_folder_is_complete(paper: Path) -> None:
     # per sample: smollm2, 2 NTK factors, qwen, gemma, Gemma with BOS and 3 replacements (9); on sample A, the
     # shuffle and shift nulls of smollm2, qwen and gemma (6); C3: each model in its own BOS setting, 8 runs (clock
     # removal and K/V patch of the sinks and of 1 control each, value zeroed and mean, 1 control, h_0 patched);
-    # --quick leaves out the other BOS setting; a unit that cannot test C3 runs none. C4: the standard model at the
-    # sliding role's T, measured beyond the sliding window (1). Once: C3's baseline of each model on the selection
-    # sample (3).
+    # --quick leaves out the other BOS setting; a unit that cannot test C3 runs none. Once: C3's baseline of each
+    # model on the selection sample (3). C4's window line (the test plan measures it) in OUT/window: the sliding
+    # model and the standard one beyond its window, on each sample of bible-web at the line's T, without scores.
     c3 = _c3_numbers(paper, "A")
     testable = 3 - len(c3["untestable"])
     assert testable >= 1  # the test plan's sink_seq_len leaves one (qwen2.5-coder-0.5b)
     assert QUICK.control_draws == 1 and not QUICK.nulls_both_samples
-    assert len(folders) == 2 * (9 + testable * 8 + 1) + 6 + 3  # the nulls on sample A only
+    assert len(folders) == 2 * (9 + testable * 8) + 6 + 3  # the nulls on sample A only
+    window = sorted((paper / "window").iterdir())
+    assert [f.name for f in window] == [
+        "gemma3-270m-A",
+        "gemma3-270m-B",
+        "smollm2-135m-beyond512-A",
+        "smollm2-135m-beyond512-B",
+    ]
+    for folder in window:
+        run = json.loads((folder / "manifest.json").read_text())
+        assert run["status"] == "complete" and not (folder / "tokens.parquet").exists(), folder
+        assert (run["data"]["source_name"], run["data"]["seq_len"], run["measurement"]["beyond"]) == (
+            "bible-web",
+            1024,
+            512,
+        )
+    c4 = next(c for c in json.loads((paper / "claims.json").read_text()) if c["claim"] == "C4")
+    line = c4["once"]["window"]
+    assert line["required"] and line["verdict"] == "not testable"  # T = 1024 < 4W: reported, deciding nothing
+    assert {r["evidence"].split(": ")[0] for r in line["evidence"]} == {"A", "B"}
+    assert all(not r["deciding"] and "T below 4W: reported" in r["evidence"] for r in line["evidence"][:1])
+    assert c4["numbers"]["window"]["A"]["runs"] == ["window/gemma3-270m-A", "window/smollm2-135m-beyond512-A"]
     assert len([folder for folder in folders if folder.name.endswith("-selection")]) == 3
     testing = {u["role"] for label, u in c3["units"].items() if label not in c3["untestable"]}
     compared_roles = {"standard", "bos"} | testing
@@ -482,15 +517,16 @@ def test_the_window_comparison_fits_the_sliding_model_on_its_windowed_layers() -
     sawtooth = [0.1, 0.1, 0.8, 0.1, 0.1, 1.6]  # two local layers, then one global, twice
     sliding, _ = _run({"resid_beyond": sawtooth}, 0.0, seed=0)
     sliding.per_layer["window"] = [512, 512, 0, 512, 512, 0]
-    sliding.manifest.update(data={"seq_len": 640}, measurement={"beyond": 512})
+    sliding.manifest.update(data={"seq_len": 2048, "source_name": "bible-web"}, measurement={"beyond": 512})
     standard, _ = _run({"resid_beyond": [0.1, 0.2, 0.3, 0.4]}, 0.0, seed=1)
     window = WindowComparison.of(sliding, standard)
-    assert (window.windowed, window.layers, window.where) == (4, 6, "i ≥ 512, T = 640")
+    assert (window.windowed, window.layers, window.where) == (4, 6, "i ≥ 512, T = 2048, bible-web")
     assert window.sliding.value == pytest.approx(0.0, abs=1e-12)
     assert depth_slope(sliding, "resid_beyond").value > 0.9  # the line through every layer rises
     assert window.standard.value == pytest.approx(np.polyfit(np.linspace(0, 1, 4), [0.1, 0.2, 0.3, 0.4], 1)[0])
-    rows = claim_c4(_estimate(-8.0, 1.0), SLOPES, window).evidence.set_index("evidence")
-    assert rows.loc["(2) slope beyond the window (i ≥ 512, T = 640): sliding − standard", "says"] == "contradicts"
+    rows = claim_window({"A": window}, "").evidence.set_index("evidence")
+    name = "A: (2) slope beyond the window (i ≥ 512, T = 2048, bible-web): sliding − standard"
+    assert rows.loc[name, "says"] == "contradicts"
 
 
 def test_a_seed_mean_s_interval_holds_the_spread_between_seeds() -> None:
@@ -740,7 +776,8 @@ def _layers_of(result: AnalysisResult) -> np.ndarray:
 
 
 CLOSED, OPEN = {"run": 0.0}, {"run": 0.02}
-LOWERS = _estimate(-5.0, 1.0)
+LOWERS = _estimate(-25.0, 2.0)  # beyond both questions' thresholds (10.6% and 1%)
+SLIGHTLY = _estimate(-5.0, 1.0)  # beyond 1% but leaving 95% of the component: not on (a)'s scale
 QUIET = _estimate(-0.2, 0.3)  # a control's change: no lowering beyond 1%
 RAISES = _estimate(0.5, 0.3)
 
@@ -761,8 +798,9 @@ def _unit(clock: Estimate, patch: Estimate, controls: list[Estimate] | None = No
 BOTH = _unit(LOWERS, LOWERS)
 CLOCK_ONLY = _unit(LOWERS, RAISES)  # position carried by the clock; another token's trajectory changes nothing
 CONTENT_ONLY = _unit(RAISES, LOWERS)
-OUTDONE = _unit(LOWERS, LOWERS, [_estimate(-9.0, 1.0)], full=False)  # a layer-matched control lowers it more
-UNCLEAR = _unit(_estimate(-1.5, 1.0), _estimate(-1.5, 1.0))  # −2.5 to −0.5: maybe under 1%
+OUTDONE = _unit(LOWERS, LOWERS, [_estimate(-35.0, 1.0)], full=False)  # a layer-matched control lowers it more
+UNCLEAR = _unit(_estimate(-11.0, 2.0), _estimate(-1.5, 1.0))  # −13 to −9, −2.5 to −0.5: each maybe short
+MOVES_ONLY = _unit(SLIGHTLY, SLIGHTLY)  # the sinks' edits move the component by 5%: (a) not consistent, (b) is
 YES, NO, OPEN_Q = "consistent", "not consistent", "inconclusive"
 
 
@@ -774,13 +812,15 @@ YES, NO, OPEN_Q = "consistent", "not consistent", "inconclusive"
         (CONTENT_ONLY, {"a": NO, "b": YES}),
         (OUTDONE, {"a": NO, "b": NO}),
         (UNCLEAR, {"a": OPEN_Q, "b": OPEN_Q}),
+        (MOVES_ONLY, {"a": NO, "b": YES}),
         ({}, {"a": "untestable", "b": "untestable"}),  # no sink head, or no matched control: cannot test either
     ],
 )
 def test_a_c3_unit_answers_each_question_from_its_own_runs(changes: dict[str, Estimate], verdicts: dict) -> None:
-    """A unit's verdict on each question: its edit of the sink heads below −1% and below each layer-matched
-    control; the value ablation (here raising the magnitude) and the position-0 patch are reported, never deciding.
-    Every row names its unit and its question."""
+    """A unit's verdict on each question: its edit of the sink heads below the question's threshold ((a) 10.6%,
+    a fifth of the squared component: a 5% lowering leaves 95% and is not consistent; (b) 1%) and below each
+    matched control; the value ablation (here raising the magnitude) and the position-0 patch are reported, never
+    deciding. Every row names its unit and its question."""
     rows = _unit_rows("m", changes)
     assert question_verdicts({"m": rows}) == {"m": verdicts}
     assert all(r["evidence"].startswith(f"m: ({q})") for q in "ab" for r in rows[q] if r["deciding"])
@@ -872,30 +912,81 @@ def test_heads_by_layer_reads_as_wrapping_per_layer_lists() -> None:
 
 
 SLOPES = {"standard": _estimate(0.1, 0.05), "ntk": _estimate(-0.1, 0.05)}
-WINDOW = WindowComparison(_estimate(0.3, 0.05), _estimate(0.1, 0.05), seq_len=640, window=512, windowed=15, layers=18)
 
 
 @pytest.mark.parametrize(
-    ("ntk", "window", "verdict"),
+    ("ntk", "slopes", "verdict"),
     [
-        (_estimate(-8.0, 1.0), WINDOW, "consistent"),
-        (_estimate(3.0, 1.0), WINDOW, "not consistent"),  # NTK raises it
-        (_estimate(-8.0, 1.0), replace(WINDOW, sliding=_estimate(0.1, 0.1)), "inconclusive"),
-        (_estimate(-8.0, 1.0), replace(WINDOW, sliding=_estimate(-0.2, 0.05)), "not consistent"),
-        (_estimate(-8.0, 1.0), None, "inconclusive"),  # no queries past the window: untestable
+        (_estimate(-8.0, 1.0), SLOPES, "consistent"),
+        (_estimate(3.0, 1.0), SLOPES, "not consistent"),  # NTK raises it
+        (_estimate(-8.0, 1.0), {**SLOPES, "ntk": _estimate(0.1, 0.1)}, "inconclusive"),
+        (_estimate(-8.0, 1.0), {**SLOPES, "ntk": _estimate(0.3, 0.05)}, "not consistent"),  # NTK steeper
     ],
 )
-def test_claim_c4_verdicts(ntk: Estimate, window: WindowComparison | None, verdict: str) -> None:
-    """A sample's lines (NTK at inference, pretrained slopes with the window compared past the window at equal T);
-    consistent only when both support, not consistent when one contradicts. The lab is judged once, elsewhere
-    (tests/test_c4_lab.py): no row of a sample's evidence is the lab's."""
-    judgement = claim_c4(ntk, SLOPES, window)
+def test_claim_c4_verdicts(ntk: Estimate, slopes: dict[str, Estimate], verdict: str) -> None:
+    """A sample's lines (NTK at inference; the standard model's slope against the NTK-scaled one's); consistent
+    only when both support, not consistent when one contradicts. The window line and the lab are judged once,
+    elsewhere: no row of a sample's evidence is theirs."""
+    judgement = claim_c4(ntk, slopes)
     assert judgement.verdict == verdict
     rows = judgement.evidence.set_index("evidence")
-    assert not any("lab" in name for name in rows.index)
-    if window is not None:
-        assert "(2) slope beyond the window (i ≥ 512, T = 640): sliding − standard" in rows.index
-        assert "slope beyond the window: sliding (15 windowed layers of 18)" in rows.index
+    assert not any("lab" in name or "beyond the window" in name for name in rows.index)
+
+
+WIDE = WindowComparison(
+    _estimate(0.3, 0.05), _estimate(0.1, 0.05), seq_len=2048, window=512, windowed=15, layers=18, corpus="bible-web"
+)
+FLAT = replace(WIDE, sliding=_estimate(0.1, 0.1))  # the interval of the difference holds 0
+BELOW = replace(WIDE, sliding=_estimate(-0.2, 0.05))  # the windowed layers' slope below the standard model's
+
+
+@pytest.mark.parametrize(
+    ("comparisons", "verdict", "deciding"),
+    [
+        ({"A": WIDE, "B": WIDE}, "consistent", 2),
+        ({"A": BELOW, "B": BELOW}, "not consistent", 2),
+        ({"A": WIDE, "B": BELOW}, "inconclusive", 2),  # the samples disagree: not replicated
+        ({"A": FLAT, "B": WIDE}, "inconclusive", 2),
+        # T = 640 < 4W: reported, deciding nothing, whatever it shows: the part cannot test
+        ({"A": replace(WIDE, seq_len=640), "B": replace(WIDE, seq_len=640)}, "inconclusive", 0),
+        ({}, "inconclusive", 0),  # not measured by the plan
+    ],
+)
+def test_c4_s_window_line_is_judged_once_on_its_samples(comparisons: dict, verdict: str, deciding: int) -> None:
+    """The window line (judged once, revised 2026-12-06): on each sample the sliding model's slope beyond the
+    window against the standard one's, deciding only at T ≥ 4W, the verdict replicated over A and B; it goes either
+    way on planted slopes. Every row names its sample; a line not measured says why in one row that decides
+    nothing."""
+    judgement = claim_window(comparisons, "not measured by the plan 'quick'")
+    assert judgement.verdict == verdict
+    rows = judgement.evidence
+    assert int(rows["deciding"].sum()) == deciding
+    assert all(name.startswith(tuple(f"{s}: " for s in comparisons)) for name in rows["evidence"]) or not comparisons
+    if comparisons:
+        assert "A: slope beyond the window: sliding (15 windowed layers of 18)" in set(rows["evidence"])
+    else:
+        assert rows["evidence"].tolist() == ["(2) slope beyond the window: not measured by the plan 'quick'"]
+
+
+@pytest.mark.parametrize(
+    ("samples", "window", "verdict"),
+    [
+        ("consistent", {"A": WIDE, "B": WIDE}, "consistent"),
+        ("consistent", {}, "inconclusive"),  # the claim needs the window line: not measured, never consistent
+        ("not consistent", {}, "not consistent"),  # a line the plan measured still contradicts
+        ("consistent", {"A": BELOW, "B": BELOW}, "not consistent"),
+    ],
+)
+def test_c4_needs_its_window_line(samples: str, window: dict, verdict: str) -> None:
+    """C4 names its window line as needed (`required_once`): where it cannot test, the claim is inconclusive at
+    best, where a part that is not needed (the lab) leaves the verdict; claims.json marks it, and a claims.json read
+    back gives the same verdict."""
+    once = {"window": claim_window(window, "not measured"), "lab": claim_window({}, "untestable lab")}
+    claim = Claim("C4", "s", "c", {}, "m", once=once, required=C4.required_once)
+    assert with_once(samples, claim.once, claim.required) == verdict
+    assert with_once(samples, {"lab": once["lab"]}) == samples  # a part not needed that cannot test leaves it
+    entry = claim.to_json()["once"]
+    assert (entry["window"]["required"], entry["lab"]["required"]) == (True, False)
 
 
 def _probe_heads(sinks: dict[int, tuple[int, ...]], controls: bool) -> ProbeHeads:
@@ -1465,10 +1556,20 @@ def test_every_plan_fits_its_corpora() -> None:
     no problem), and --full takes the most the corpora allow: one more sequence at T = 512 or 768 does not fit."""
     tokenizers = role_tokenizers(FULL)
     assert document_problems(QUICK, tokenizers) == [] and document_problems(FULL, tokenizers) == []
-    more = replace(FULL, num_seqs=FULL.num_seqs + 1, sliding_num_seqs=FULL.sliding_num_seqs + 1)
+    more = replace(
+        FULL,
+        num_seqs=FULL.num_seqs + 1,
+        sliding_num_seqs=FULL.sliding_num_seqs + 1,
+        window_num_seqs=FULL.window_num_seqs + 1,
+    )
     refused = document_problems(more, tokenizers)
     assert any("'bible-web', sample A" in line and "512 tokens" in line for line in refused), refused
     assert any("'stdlib', sample A" in line and "768 tokens of gemma3-270m" in line for line in refused), refused
+    # C4's window line reads bible-web whatever the plan's corpora: at T = 2048 the stdlib docstrings could not hold it
+    window = "2048 tokens of gemma3-270m for C4's window line (sliding model), which takes 21"
+    assert any("'bible-web', sample B" in line and window in line for line in refused), refused
+    on_stdlib = document_problems(replace(QUICK, window_seq_len=2048, window_corpus="stdlib"), tokenizers)
+    assert any(line.startswith("corpus 'stdlib', sample A: only 4 of its documents") for line in on_stdlib), on_stdlib
     assert _holding("bible-web", tokenizers["smollm2-135m"], 512)["A"] == FULL.num_seqs
     assert _holding("stdlib", tokenizers["gemma3-270m"], 768)["A"] == FULL.sliding_num_seqs  # C3's, without a BOS
 
@@ -1655,14 +1756,16 @@ def test_the_plan_s_counts_follow_its_sizes() -> None:
     """The analyses and lab models that docs/performance.md's current figures and bench_scale.py state, counted
     from the plan, against a count of the reproduction's runs by hand: per sample the standard model, it under each
     NTK factor, the large-base and sliding models, the BOS baseline and its 3 replacements, 2 nulls of each of the 3
-    judged models (on sample A only where the plan runs no nulls on B), the standard model beyond the window, and
-    per C3 unit (3) 2 questions × (the sink heads + each control draw), plus 4 reported runs where the plan has them;
-    then each unit's selection baseline. Lab: 2 trained ways per seed, 3 where the plan trains the large base."""
+    judged models (on sample A only where the plan runs no nulls on B), C4's window line's sliding and standard
+    models where the plan measures it, and per C3 unit (3) 2 questions × (the sink heads + each control draw), plus
+    4 reported runs where the plan has them; then each unit's selection baseline. Lab: 2 trained ways per seed, 3
+    where the plan trains the large base."""
 
     def by_hand(plan: Plan) -> int:
         per_unit = 2 * (1 + plan.control_draws) + (4 if plan.c3_reported else 0)
         nulls = 3 * 2 * (2 if plan.nulls_both_samples else 1)
-        return 2 * (1 + len(plan.ntk_factors) + 2 + 1 + 3 + 1 + 3 * per_unit) + nulls + 3
+        window = 0 if plan.window_seq_len is None else 2
+        return 2 * (1 + len(plan.ntk_factors) + 2 + 1 + 3 + window + 3 * per_unit) + nulls + 3
 
     other = replace(
         QUICK,
@@ -1672,9 +1775,10 @@ def test_the_plan_s_counts_follow_its_sizes() -> None:
         nulls_both_samples=True,
         lab_large_base=True,
         lab_seeds=(0, 1),
+        window_seq_len=2048,
     )
-    assert (analysis_count(QUICK), lab_model_count(QUICK)) == (53, 10)
-    assert (analysis_count(other), lab_model_count(other)) == (by_hand(other), 6) == (109, 6)
+    assert (analysis_count(QUICK), lab_model_count(QUICK)) == (51, 10)
+    assert (analysis_count(other), lab_model_count(other)) == (by_hand(other), 6) == (111, 6)
     assert analysis_count(QUICK) == by_hand(QUICK)
     with pytest.raises(ValueError, match="other BOS setting"):
         analysis_count(FULL)

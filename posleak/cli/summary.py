@@ -14,7 +14,7 @@ import pandas as pd
 
 from posleak.commands.intervene import OVERALL, InterventionRun
 from posleak.experiments.evidence import layer_mean
-from posleak.experiments.paper.verdict import SAYS, Claim, once_verdict, quoted
+from posleak.experiments.paper.verdict import SAYS, Claim, quoted
 from posleak.measure import measured_magnitudes
 from posleak.pipeline import AnalysisResult
 
@@ -111,13 +111,13 @@ def claim_lines(claim: Claim, limit: int = 2) -> list[str]:
     """The claim's verdict, how many deciding rows gave each sample's verdict, and the rows that decided it
     (at most `limit`, the samples' choices taken in turn) with their value and interval in every sample; where no
     deciding row gave the verdict (C3's closed system may decide while no unit can test), the rows that say which
-    units cannot test the claim."""
+    units cannot test the claim; then each part the claim needs that cannot test, with its first row."""
     counts = []
     for sample, judgement in claim.samples.items():
         deciding = judgement.evidence[judgement.evidence["deciding"]]
         agreeing = int((deciding["says"] == SAYS[judgement.verdict]).sum())
         counts.append(f"{sample} {judgement.verdict}: {agreeing} of {len(deciding)} {SAYS[judgement.verdict]}")
-    counts += [f"{name}, judged once: {once_verdict(judgement)}" for name, judgement in claim.once.items()]
+    counts += claim.once_verdicts()
     lines = [f"{claim.claim} {claim.verdict}: {claim.statement} [{'; '.join(counts)}]"]
     for name in claim.deciding(limit):
         values, thresholds = [], []
@@ -136,6 +136,8 @@ def claim_lines(claim: Claim, limit: int = 2) -> list[str]:
             if "untestable" in name
         ]
         lines += [f"    nothing decides: {name}" for name in list(dict.fromkeys(untestable))[:limit]]
+    # a part the claim needs that cannot test keeps it from consistent: say why (C4's window line)
+    lines += [f"    {line}" for line in claim.untested()]
     return lines
 
 

@@ -1,27 +1,27 @@
 """C4: both components appear in every architecture, in a different balance (NTK suppresses the residual-stream
 component, sliding windows let it accumulate with depth, standard RoPE sits between).
 
-Four lines: NTK scaling at inference on the standard model and slopes between the pretrained models, judged on
-each sample; and the controlled lab line, an 8-layer lab decoder trained with full causal RoPE and a sliding window
-(its slopes) and the RoPE-trained one under NTK scaling at inference (its slope and level), judged once over its
-seeds (`Claim.once`): the lab trains on its own data, so a sample of the corpus adds nothing to it. A decoder trained
-with a large RoPE base from the start is reported beside them, named so: it is not NTK scaling. A lab line decides
-only where the mechanism under test exists in its models (`Testability`). "Accumulates with depth" is a statement
-about the queries beyond the window (docs/method.md §3): the window comparisons judge the slope of resid_beyond, the
-windowed model and the model without a window at the same T, both measured on W ≤ i < T.
+Four lines: NTK scaling at inference on the standard model and the slopes of the standard model and the NTK-scaled
+one, judged on each sample; the window line, the sliding-window model against the standard one beyond the window at
+T ≥ 4W, judged once on its own corpus (posleak.experiments.paper.c4_window), which the claim needs
+(`required_once`); and the controlled lab line, an 8-layer lab decoder trained with full causal RoPE and a sliding
+window (its slopes) and the RoPE-trained one under NTK scaling at inference (its slope and level), judged once over
+its seeds (`Claim.once`): the lab trains on its own data, so a sample of the corpus adds nothing to it. A decoder
+trained with a large RoPE base from the start is reported beside them, named so: it is not NTK scaling. A lab line
+decides only where the mechanism under test exists in its models (`Testability`). "Accumulates with depth" is a
+statement about the queries beyond the window (docs/method.md §3): the window comparisons judge the slope of
+resid_beyond, the windowed model and the model without a window at the same T, both measured on W ≤ i < T.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from posleak.capture.query_stats import SINK_THRESHOLD
-from posleak.experiments.batch import AnalysisJob
 from posleak.experiments.compare import summarise
 from posleak.experiments.evidence import Estimate, depth_slope, percent_change
 from posleak.experiments.paper.c1 import MIN_MAGNITUDE
@@ -32,6 +32,15 @@ from posleak.experiments.paper.c4_lab import (
     SLOPE_UNIT,
     claim_c4_lab,
     lab_runs,
+)
+from posleak.experiments.paper.c4_window import (
+    SPANS,
+    WINDOW,
+    WINDOW_ROW,
+    WindowComparison,
+    claim_window,
+    not_measured,
+    window_runs,
 )
 from posleak.experiments.paper.claim import (
     ACROSS_CORPORA,
@@ -44,8 +53,8 @@ from posleak.experiments.paper.claim import (
     rounded,
 )
 from posleak.experiments.paper.plan import SHOWN, RoleName
-from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
-from posleak.experiments.paper.verdict import Judgement, Revision, fact, judge, row
+from posleak.experiments.paper.reproduction import SampleRuns
+from posleak.experiments.paper.verdict import Judgement, Revision, judge, row
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
 from posleak.report.html import TableBlock
@@ -55,10 +64,12 @@ C4_CRITERION = (
     f"(1) NTK scaling at inference, at the largest factor, lowers the residual-stream magnitude (all queries, mean "
     f"over layers) by more than {MIN_NTK_LOWERING:g}%. (2) Between pretrained models, the slope of the "
     "residual-stream magnitude against relative depth orders sliding window > standard RoPE > NTK-scaled RoPE (both "
-    "differences above 0): the window comparison on the queries beyond the window (W ≤ i < T, resid_beyond), the "
-    "standard model at the sliding-window model's T, the sliding model's slope fitted on its windowed layers alone "
-    "(each at its depth in the stack); standard against NTK on all queries. Lines (1) and (2) are "
-    "judged on each sample. The lab is judged once, on its own replication (≥ 5 seeds), not per sample: one "
+    "differences above 0): the window comparison on the queries beyond the window (W ≤ i < T, resid_beyond), both "
+    f"models at a T of at least {SPANS} windows (T ≥ {SPANS}W; below it reported, deciding nothing) on a corpus "
+    "whose documents reach it, the sliding model's slope fitted on its windowed layers alone (each at its depth in "
+    "the stack), judged once on its own samples A and B (replicated), which the claim needs: without it (a plan "
+    "that does not measure it) C4 is at best inconclusive; standard against NTK on all queries, judged on each "
+    "sample with line (1). The lab is judged once, on its own replication (≥ 5 seeds), not per sample: one "
     "decoder trained on the same data and budget with full causal RoPE and with a sliding window, and the RoPE-"
     "trained one under NTK scaling at inference (the same largest factor). (3) Its slopes order the same way, the "
     "window comparison again beyond the window (seed means with intervals over seeds, both differences above 0, "
@@ -68,85 +79,24 @@ C4_CRITERION = (
     f"noise-corrected resid_all (mean over layers) has its interval above C1's presence threshold, "
     f"{MIN_MAGNITUDE} nats; a line that does not is reported as untestable and leaves the verdict. The decoder "
     "trained with a large RoPE base is reported beside them, deciding nothing (it is not NTK scaling). The "
-    "samples' verdict (replicated over A and B) and the lab's, where it can test, join: consistent only where "
-    "every one is, not consistent where any is not consistent, inconclusive otherwise."
+    "samples' verdict (replicated over A and B), the window line's and the lab's, where it can test, join: "
+    "consistent only where every one is (the window line tested), not consistent where any is not consistent, "
+    "inconclusive otherwise."
 )
 
 
-WINDOW_ROW = "(2) slope beyond the window"  # the start of the name of the pretrained models' window comparison
-
-
-@dataclass(frozen=True)
-class WindowComparison:
-    """The sliding-window model and the standard one at the same T, each measured on the queries beyond the
-    window, W ≤ i < T: the slopes of their resid_beyond against relative depth, the sliding model's fitted on its
-    windowed layers alone (`windowed` of its `layers`): a global layer sees key 0 from every query, and one straight
-    line through a stack that alternates them (gemma3: five local layers, one global) mixes two slopes."""
-
-    sliding: Estimate
-    standard: Estimate
-    seq_len: int
-    window: int
-    windowed: int
-    layers: int
-
-    @classmethod
-    def of(cls, sliding: AnalysisResult, standard: AnalysisResult) -> WindowComparison:
-        per_layer = sliding.per_layer
-        windowed = sorted(per_layer.loc[per_layer["window"] > 0, "layer"])
-        return cls(
-            depth_slope(sliding, "resid_beyond", windowed),
-            depth_slope(standard, "resid_beyond"),
-            int(sliding.manifest["data"]["seq_len"]),
-            int(sliding.manifest["measurement"]["beyond"]),
-            len(windowed),
-            len(per_layer),
-        )
-
-    @property
-    def where(self) -> str:
-        return f"i ≥ {self.window}, T = {self.seq_len}"
-
-
 def claim_c4(
-    ntk_change: Estimate,
-    slopes: Mapping[str, Estimate],
-    window: WindowComparison | None,
-    reported: Mapping[str, Estimate] | None = None,
+    ntk_change: Estimate, slopes: Mapping[str, Estimate], reported: Mapping[str, Estimate] | None = None
 ) -> Judgement:
-    """Lines (1) and (2) on one sample. `ntk_change`: % change of resid_all under the largest NTK factor; `slopes`:
-    resid_all slope against relative depth of "standard" and "ntk" (paired); `window`: the sliding-window model
-    against the standard one beyond the window at equal T (None: the sliding model has no queries beyond its
-    window, so the row cannot be tested); `reported`: further slopes shown beside the evidence (a model trained with
-    a large base), not judged."""
+    """Line (1) and line (2)'s standard − NTK on one sample (the window line is judged once:
+    posleak.experiments.paper.c4_window). `ntk_change`: % change of resid_all under the largest NTK factor;
+    `slopes`: resid_all slope against relative depth of "standard" and "ntk" (paired); `reported`: further slopes
+    shown beside the evidence (the sliding model on all queries, a model trained with a large base), not judged."""
     rows = [row("(1) NTK at inference: change of resid_all", ntk_change, -MIN_NTK_LOWERING, "below", "%")]
-    if window is None:
-        rows.append(fact(f"{WINDOW_ROW}: queries of the sliding model past its window", 0, False, False, "> 0 to test"))
-    else:
-        difference = window.sliding.minus(window.standard)
-        rows.append(row(f"{WINDOW_ROW} ({window.where}): sliding − standard", difference, 0.0, "above", SLOPE_UNIT))
-        sliding = f"sliding ({window.windowed} windowed layers of {window.layers})"
-        for name, estimate in ((sliding, window.sliding), ("standard", window.standard)):
-            rows.append(row(f"slope beyond the window: {name}", estimate, 0.0, "above", SLOPE_UNIT, deciding=False))
     rows.append(row("(2) slope: standard − NTK", slopes["standard"].minus(slopes["ntk"]), 0.0, "above", SLOPE_UNIT))
     for name, estimate in {**slopes, **(reported or {})}.items():
         rows.append(row(f"slope: {name}", estimate, 0.0, "above", SLOPE_UNIT, deciding=False))
     return judge(rows)
-
-
-def window_jobs(repro: Reproduction, runs: Mapping[str, SampleRuns]) -> dict[str, AnalysisJob]:
-    """Per sample, the standard model at the sliding role's T and N, measured beyond the sliding model's window
-    (`--beyond W`), into OUT/runs/STANDARD-beyondW-SAMPLE; none where the sliding model has no such queries."""
-    seq_len, num_seqs = repro.plan.size("sliding")
-    standard = repro.plan.roles["standard"]
-    jobs = {}
-    for sample, sample_runs in runs.items():
-        window = sample_runs.sliding.manifest["measurement"]["beyond"]
-        if window is not None:
-            # compared with the sliding model's magnitudes only, not its next-token scores
-            config = repro.config("standard", seq_len=seq_len, num_seqs=num_seqs, beyond=window, scores=False)
-            jobs[sample] = repro.job(f"{standard.folder}-beyond{window}", standard.model, config, sample)
-    return jobs
 
 
 def _base(result: AnalysisResult) -> str:
@@ -209,6 +159,14 @@ class C4(ClaimModule):
             "the stack (before: every layer, one straight line through gemma3-270m's five local layers to one "
             "global, which mixes the two kinds; issue 44)",
         ),
+        Revision(
+            "2026-12-06",
+            "the window line measured at T ≥ 4W (2048 for gemma3-270m) on a corpus whose documents reach it (the "
+            "full plan: bible-web, 20 documents per sample), judged once, and needed for a consistent verdict; "
+            "below 4W reported, deciding nothing (before: judged on each sample at the sliding role's T, 640 or "
+            "768, where a query beyond the window is at most 256 positions past it and the reach of hidden states "
+            "spans the stack within two layers; --quick does not measure it, for time; issue 44)",
+        ),
     )
     method = (
         "Slopes of the residual-stream magnitude against relative depth with bootstrap intervals, between the "
@@ -220,9 +178,11 @@ class C4(ClaimModule):
     def compared_roles(self) -> frozenset[RoleName]:
         return frozenset({"standard"})  # the NTK-scaled runs against the standard model
 
+    required_once = (WINDOW,)
+
     def measure(self, runs: Mapping[str, SampleRuns]) -> None:
-        jobs = window_jobs(self.repro, runs)
-        self.at_window = dict(zip(jobs, self.repro.run(list(jobs.values())), strict=True))
+        self.at_window = window_runs(self.repro)
+        self.window = {s: WindowComparison.of(*pair) for s, pair in self.at_window.items()}
         self.lab = lab_runs(self.repro)
         self.lab_judgement = claim_c4_lab(self.lab)
 
@@ -237,15 +197,24 @@ class C4(ClaimModule):
             f"trained base {_base(large)} ({runs.roles['large-base'].name})": depth_slope(large, "resid_all"),
         }
         ntk_change = percent_change(runs.standard, runs.largest_ntk, "resid_all")
-        standard = self.at_window.get(sample)
-        window = None if standard is None else WindowComparison.of(runs.sliding, standard)
-        return claim_c4(ntk_change, slopes, window, reported)
+        return claim_c4(ntk_change, slopes, reported)
 
     def once(self) -> dict[str, Judgement]:
-        return {LAB: self.lab_judgement}
+        return {WINDOW: claim_window(self.window, not_measured(self.repro.plan)), LAB: self.lab_judgement}
 
     def numbers(self, sample: str) -> dict[str, Any]:
-        """For the lab (judged once): its seeds, each trained variant's testability, the lines that cannot test."""
+        """For the window line (judged once): its corpus, T, W and runs per sample; for the lab: its seeds, each
+        trained variant's testability, the lines that cannot test."""
+        if sample == WINDOW:
+            return {
+                s: {
+                    "corpus": w.corpus,
+                    "seq_len": w.seq_len,
+                    "window": w.window,
+                    "runs": [f"{WINDOW}/{r.run.path.name}" for r in self.at_window[s] if r.run],
+                }
+                for s, w in self.window.items()
+            }
         if sample != LAB:
             return {}
         return {
@@ -270,7 +239,20 @@ class C4(ClaimModule):
             "The paper reports NTK suppressing the residual-stream component and sliding windows accumulating it; "
             f"here NTK scaling changes it by {quote(judgement, '(1) NTK at inference: change of resid_all')}, and "
             f"beyond the window, the slope of the sliding-window model minus the standard one is "
-            f"{quote(judgement, next(n for n in judgement.evidence['evidence'] if n.startswith(WINDOW_ROW)))}."
+            f"{self._window_quote()}."
+        )
+
+    def _window_quote(self) -> str:
+        """The window line's difference of slopes on each sample, or why it was not measured."""
+        window = claim_window(self.window, not_measured(self.repro.plan))
+        first = window.evidence["evidence"].iloc[0]
+        if not self.window:
+            return first.split(": ", 1)[1]
+        return "; ".join(
+            f"{s}: {quote(window, name)}"
+            for s in self.window
+            for name in window.evidence["evidence"]
+            if name.startswith(f"{s}: {WINDOW_ROW}")
         )
 
     def figures(self, runs: SampleRuns) -> list[Path]:
@@ -299,13 +281,13 @@ class C4(ClaimModule):
                 relative_depth=True,
             ),
         ]
-        standard = self.at_window.get(SHOWN)
-        if standard is not None:
-            window = WindowComparison.of(runs.sliding, standard)
+        if SHOWN in self.at_window:
+            sliding, standard = self.at_window[SHOWN]
+            window = self.window[SHOWN]
             roles = runs.roles
             drawn.append(
                 figures.lines_by_run(
-                    {roles["sliding"].label: runs.sliding.per_layer, roles["standard"].name: standard.per_layer},
+                    {roles["sliding"].name: sliding.per_layer, roles["standard"].name: standard.per_layer},
                     "resid_beyond",
                     out.figure_path("c4_resid_beyond"),
                     title=f"Beyond the window ({window.where}), sample {SHOWN}",

@@ -94,6 +94,9 @@ class ClaimModule(ABC):
         """Evidence judged once for the whole claim, not per sample (C4's lab), by name (`Claim.once`)."""
         return {}
 
+    # the parts of `once` the claim needs: one that cannot test leaves it inconclusive at best (C4's window line)
+    required_once: ClassVar[tuple[str, ...]] = ()
+
     def numbers(self, sample: str) -> dict[str, Any]:
         """Further numbers of one sample, or of one part judged once (`once`), for claims.json."""
         return {}

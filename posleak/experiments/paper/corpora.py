@@ -65,7 +65,7 @@ def _joined(claims: Mapping[str, Claim]) -> Claim:
     )
     joined.models = first.models  # the same models read every corpus
     # the parts judged once (C4's lab) do not depend on the corpus: its models train on their own data, once
-    joined.once = first.once
+    joined.once, joined.required = first.once, first.required
     joined.numbers = {name: first.numbers[name] for name in first.once if name in first.numbers}
     papers = []
     for corpus, claim in claims.items():

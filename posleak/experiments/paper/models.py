@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from posleak.errors import PosleakError
-from posleak.experiments.paper.plan import BOS_ROLES, ROLE_NAMES, Plan, RoleName, role_for
+from posleak.experiments.paper.plan import BOS_ROLES, ROLE_NAMES, WINDOW_ROLES, Plan, RoleName, role_for
 from posleak.experiments.paper.reproduction import analysis_config
 from posleak.measure.bootstrap import MIN_BOOTSTRAP_UNITS
 from posleak.models.builtin import ZOO
@@ -55,9 +55,12 @@ COUNTS = (
     "lab_seq_len",
     "lab_analyze_seqs",
     "sink_seq_len",
+    "window_seq_len",
+    "window_num_seqs",
     "batch_size",
 )
 LISTS = {"ntk_factors": float, "lab_seeds": int, "corpora": str}
+NAMES = ("name", "window_corpus")  # a non-empty string
 SWITCHES = ("cross_documents", "c3_reported")  # true or false
 PLAN_FILE = SpecFormat(
     kind="paper plan",
@@ -65,8 +68,8 @@ PLAN_FILE = SpecFormat(
     owner="paper plan",
     module="posleak/experiments/paper/models.py",
     sections=("roles", "base"),
-    options=frozenset([*COUNTS, *LISTS, *SWITCHES, "name"]),
-    options_hint=f"use {', '.join(sorted([*COUNTS, *LISTS, *SWITCHES, 'name']))}",
+    options=frozenset([*COUNTS, *LISTS, *SWITCHES, *NAMES]),
+    options_hint=f"use {', '.join(sorted([*COUNTS, *LISTS, *SWITCHES, *NAMES]))}",
 )
 
 
@@ -156,7 +159,7 @@ def _checked_base(path: Path, base: dict[str, Any], problems: Problems) -> dict[
             kind = LISTS[key]
             ok = isinstance(value, list) and bool(value) and all(_is_item(v, kind) for v in value)
             value = tuple(kind(v) for v in value) if ok else value
-        elif key == "name":
+        elif key in NAMES:
             ok = isinstance(value, str) and bool(value)
         elif key in SWITCHES:
             ok = isinstance(value, bool)
@@ -173,7 +176,7 @@ def _kind_of(key: str) -> str:
     if key in LISTS:
         kinds = {float: "numbers > 0", int: "whole numbers ≥ 0", str: "corpus names (stdlib, bible-web, a file, ...)"}
         return f"a non-empty list of {kinds[LISTS[key]]}"
-    return "a name" if key == "name" else "true or false" if key in SWITCHES else "a whole number ≥ 1"
+    return "a name" if key in NAMES else "true or false" if key in SWITCHES else "a whole number ≥ 1"
 
 
 def _is_count(value: Any) -> bool:
@@ -217,6 +220,13 @@ def role_problems(plan: Plan) -> list[str]:
         known = facts[spec]
         if isinstance(known, RoleFacts):
             problems.extend(_fact_problems(role, spec, known, seq_len))
+            window_t = plan.window_seq_len if role in WINDOW_ROLES else None
+            if window_t is not None and known.max_positions is not None and known.max_positions < window_t:
+                problems.add(
+                    f"{role} model {spec}: its maximum positions ({known.max_positions}) are shorter than C4's "
+                    f"window line's T = {window_t}; lower window_seq_len in the plan file, or give the role another "
+                    "model"
+                )
         elif spec not in reported:  # the model's own problems, once (under the first role that names it)
             reported.add(spec)
             problems.extend([f"{role} model {spec}: {p}" for p in known])

@@ -53,6 +53,7 @@ ROLES: dict[RoleName, Role] = {
     "bos": Role("gemma3-270m", "gemma3-270m-bos", "gemma-bos", "gemma3-270m"),
 }
 FINGERPRINT_ROLES: tuple[RoleName, ...] = ("sliding", "standard")  # C6: the models whose first token is probed
+WINDOW_ROLES: tuple[RoleName, ...] = ("sliding", "standard")  # C4's window line: the models it measures at its T
 BOS_ROLES: tuple[RoleName, ...] = ("bos", *FINGERPRINT_ROLES)  # C5 replaces the BOS, C6 compares with and without
 
 
@@ -102,6 +103,14 @@ class Plan:
     # α₀ is a mean over queries and falls as T grows (smollm2-135m: 219 of 270 heads at T = 32, 128–145 at 256),
     # so a threshold at each run's own T moved which heads, and which layers, count (issue 44)
     sink_seq_len: int
+    # C4's window line (posleak.experiments.paper.c4_window), judged once: the sliding model and the standard one at
+    # this T, N per sample, on this corpus. None: not measured, and C4 cannot come out consistent (--quick, for
+    # time: its four analyses at T = 2048 would take about 15 minutes on 2 cores). "Accumulates with depth" needs
+    # T ≥ 4W (docs/method.md §3: gemma3-270m's W = 512, so 2048), which the stdlib docstrings cannot give (4 and 6
+    # documents per sample reach it) and the World English Bible can (20 and 21).
+    window_seq_len: int | None = None
+    window_num_seqs: int = 20
+    window_corpus: str = bible.NAME
     batch_size: int = 4
     cross_documents: bool = False
     provisional: bool = False  # small samples: the report says its verdicts are provisional
@@ -186,5 +195,6 @@ FULL = Plan(
     lab_analyze_seqs=32,
     lab_large_base=True,
     sink_seq_len=256,
+    window_seq_len=2048,  # 4W for gemma3-270m; 20 documents per sample, the most the Bible's sample B holds
     corpora=(DEFAULT_CORPUS, bible.NAME),  # every claim on both corpora, side by side (method §13)
 )

@@ -66,6 +66,7 @@ def read_claims(path: Path) -> list[Claim]:
         claim.pooled, claim.projection = entry.get("pooled", []), entry.get("projection", [])
         # older files judge nothing once (C4's lab stood in every sample)
         claim.once = {name: _judgement(part) for name, part in entry.get("once", {}).items()}
+        claim.required = tuple(name for name, part in entry.get("once", {}).items() if part.get("required"))
         claim.numbers = entry.get("numbers", {})
         claims.append(claim)
     return claims
@@ -96,20 +97,23 @@ def _rows(claim: Claim, names: Sequence[str]) -> str:
 
 def verdict_table(claims: Sequence[Claim]) -> str:
     """One row per claim: the claim with the dates its criterion was revised, the verdict, each sample's, and the
-    one or two rows that decided it in both samples."""
+    one or two rows that decided it in both samples (and why a part the claim needs could not test)."""
     lines = ["| claim | verdict | samples | what decided it |", "|---|---|---|---|"]
     for claim in claims:
         verdict = f"**{claim.verdict}**{_per_corpus(claim)}"
         dates = f" (criterion revised {revised(claim.revisions)})" if claim.revisions else ""
         cell = f"{claim.claim}: {claim.statement}{dates}"
-        lines.append(f"| {cell} | {verdict} | {_parts(claim)} | {_rows(claim, claim.deciding())} |")
+        # a part the claim needs that cannot test keeps it from consistent: its first row says why
+        why = "".join(f"<br>{line}" for line in claim.untested())
+        lines.append(f"| {cell} | {verdict} | {_parts(claim)} | {_rows(claim, claim.deciding())}{why} |")
     return "\n".join(lines)
 
 
 def _parts(claim: Claim) -> str:
-    """Each sample's verdict, then each part judged once with its own ("lab, judged once: not testable")."""
+    """Each sample's verdict, then each part judged once with its own ("lab, judged once: not testable"; a part the
+    claim needs says so: "window (needed), judged once: ...")."""
     samples = [f"{name} {j.verdict}" for name, j in claim.samples.items()]
-    return ", ".join(samples + [f"{name}, judged once: {once_verdict(j)}" for name, j in claim.once.items()])
+    return ", ".join(samples + claim.once_verdicts())
 
 
 def _per_corpus(claim: Claim) -> str:
@@ -196,7 +200,7 @@ def results_page(claims: Sequence[Claim], source: Path, figures: Sequence[Path],
         for name, judgement in claim.samples.items():
             out += ["", f"Sample {name}:", "", _evidence(judgement)]
         for name, judgement in claim.once.items():
-            out += ["", f"Judged once, {name} ({once_verdict(judgement)}):", "", _evidence(judgement)]
+            out += ["", f"Judged once, {claim.once_name(name)} ({once_verdict(judgement)}):", "", _evidence(judgement)]
         for figure in (f for f in figures if f.name.startswith(f"{claim.claim.lower()}_")):
             out += ["", f"![{figure.stem}]({figure.relative_to('docs')})"]
     return "\n".join(out) + "\n"
@@ -219,7 +223,8 @@ def _once_rule(claims: Sequence[Claim]) -> str:
         return ""
     return (
         f"; evidence judged once rather than per sample ({', '.join(named)}) joins that verdict where it can test: "
-        "consistent only where all are, not consistent where any is"
+        "consistent only where all are, not consistent where any is; a part the claim needs (marked so) that "
+        "cannot test leaves it inconclusive at best"
     )
 
 

@@ -36,7 +36,7 @@ def evidence_table(judgement: Judgement) -> pd.DataFrame:
 def section(claim: Claim, provisional: str) -> Section:
     """A claim's section of report.html: what was measured, the criterion with its revisions, the paper's effect,
     the verdict."""
-    once = [f"{name}, judged once: {once_verdict(j)}" for name, j in claim.once.items()]
+    once = claim.once_verdicts()
     verdicts = "; ".join([*(f"sample {s}: {j.verdict}" for s, j in claim.samples.items()), *once])
     corpora = claim.by_corpus()
     rule = (
@@ -47,6 +47,8 @@ def section(claim: Claim, provisional: str) -> Section:
     )
     if once:
         rule += "; with the parts judged once that can test: consistent where all are, not consistent where any is"
+    if claim.required:
+        rule += "; a part the claim needs (marked so) that cannot test leaves it inconclusive at best"
     return Section(
         f"{claim.claim}: {claim.statement}",
         f"**Measured.** {claim.method}\n\n{criterion_text(claim.criterion, claim.revisions)}\n\n"
@@ -56,7 +58,7 @@ def section(claim: Claim, provisional: str) -> Section:
             *effect_tables(claim),
             *(TableBlock(f"Evidence, sample {s}", evidence_table(j), max_rows=None) for s, j in claim.samples.items()),
             *(
-                TableBlock(f"Evidence judged once: {n}", evidence_table(j), max_rows=None)
+                TableBlock(f"Evidence judged once: {claim.once_name(n)}", evidence_table(j), max_rows=None)
                 for n, j in claim.once.items()
             ),
             *claim.tables,

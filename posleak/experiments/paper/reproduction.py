@@ -54,12 +54,14 @@ class Reproduction:
         progress: bool,
         backend: str = "local",
         address: str | None = None,
-        lab: Path | None = None,
+        shared: Path | None = None,
     ) -> None:
         self.out = RunFolder(out)
         self.plan = plan
-        # C4's lab trials: OUT/lab, or one folder shared by the corpora (they train on their own data, not on it)
-        self.lab = out / "lab" if lab is None else lab
+        # The folder of the evidence judged once, whatever the corpus (C4's lab trials in SHARED/lab, its window
+        # line's analyses in SHARED/window): OUT, or the top folder of a plan of several corpora, which share it
+        self.shared = out if shared is None else shared
+        self.lab = self.shared / "lab"
         self.progress = progress
         self.backend = backend
         self.address = address
@@ -73,10 +75,10 @@ class Reproduction:
         """The analysis of one sample of the model of `role` (num_seqs per sample)."""
         return analysis_config(self.plan, role, **changes)
 
-    def job(self, name: str, model: str, config: AnalyzeConfig, sample: str) -> AnalysisJob:
-        """Analysis `name` of `model` on sample A, B or SELECTION (`sample_config`), into OUT/runs/NAME-SAMPLE, its
-        tables without a report of its own."""
-        folder = self.out.path / "runs" / f"{name}-{sample}"
+    def job(self, name: str, model: str, config: AnalyzeConfig, sample: str, root: Path | None = None) -> AnalysisJob:
+        """Analysis `name` of `model` on sample A, B or SELECTION (`sample_config`), into ROOT/NAME-SAMPLE (by
+        default OUT/runs), its tables without a report of its own."""
+        folder = (self.out.path / "runs" if root is None else root) / f"{name}-{sample}"
         return AnalysisJob(f"{name}-{sample}", model, sample_config(config, sample), folder, report=False)
 
     def sample(self, model: str, config: AnalyzeConfig, sample: str) -> TokenBatch:
@@ -97,7 +99,8 @@ class Reproduction:
         )
         for job, result in zip(jobs, results, strict=True):
             sample = _SAMPLE_OF.get(job.config.recipe.part)
-            if sample is not None:
+            # a sample's documents are those of the plan's corpus (C4's window line reads its own corpus)
+            if sample is not None and job.config.recipe.corpus == self.plan.corpus:
                 self._used.setdefault(sample, set()).update(result.manifest["data"]["documents"] or ())
         return results
 

@@ -58,7 +58,7 @@ def reproduce(
     per_corpus = {}
     for corpus in plan.corpora:
         alone = dataclasses.replace(plan, corpora=(corpus,))
-        repro = Reproduction(corpus_folder(out, corpus), alone, progress, backend, address, lab=out / "lab")
+        repro = Reproduction(corpus_folder(out, corpus), alone, progress, backend, address, shared=out)
         per_corpus[corpus] = _reproduce_on(repro)
     claims = side_by_side(per_corpus)
     add_effects(claims)  # pooled within each corpus, from the joined claim's samples
@@ -131,7 +131,8 @@ def judged(repro: Reproduction, modules: Sequence[ClaimModule], runs: Mapping[st
     documents = {sample: repro.documents(sample) for sample in [*SAMPLES, SELECTION]}
     corpus = {repro.plan.corpus: {**runs[SHOWN].corpus(), "samples": list(SAMPLES), "documents": documents}}
     for module, claim in zip(modules, claims, strict=True):
-        claim.once = module.once()  # judged once, not per sample (C4's lab)
+        claim.once = module.once()  # judged once, not per sample (C4's lab and window line)
+        claim.required = module.required_once
         claim.numbers |= {name: numbers for name in claim.once if (numbers := module.numbers(name))}
         claim.models = {role: models[role] for role in module.roles}
         claim.corpora = dict(corpus)

@@ -18,7 +18,7 @@ from posleak.data.corpus import load_corpus
 from posleak.data.kinds import BosPolicy
 from posleak.experiments.paper.c3_units import C3_ROLES
 from posleak.experiments.paper.c6_probe import FINGERPRINT_SEQ_LEN, PROBE_ROLES
-from posleak.experiments.paper.plan import ROLE_NAMES, SAMPLES, Plan, RoleName
+from posleak.experiments.paper.plan import ROLE_NAMES, SAMPLES, WINDOW_ROLES, Plan, RoleName
 from posleak.experiments.paper.reproduction import PARTS, SELECTION, analysis_config, selection_seqs
 
 if TYPE_CHECKING:
@@ -37,14 +37,15 @@ class SampleNeed:
     bos: BosPolicy
     samples: tuple[str, ...]
     fix: str
+    corpus: str | None = None  # the corpus it draws from; None: each corpus of the plan
 
 
 def sample_needs(plan: Plan) -> list[SampleNeed]:
     """Every draw of sequences the reproduction makes under `plan`, by what differs in what it needs: each role's
     analyses (its interventions and nulls take the same sequences), C3's baselines on the selection sample (and,
     where the plan runs C3 in both BOS settings, without a BOS: a window of T content tokens, the longer), C4's
-    standard model at the sliding role's T, and C6's probe and its choice of heads on the selection sample (without a
-    BOS, again the longer)."""
+    window line (both models at its T, on its corpus) where the plan measures it, and C6's probe and its choice of
+    heads on the selection sample (without a BOS, again the longer)."""
     needs = []
     for role in ROLE_NAMES:
         seq_len, num_seqs = plan.size(role)
@@ -58,9 +59,11 @@ def sample_needs(plan: Plan) -> list[SampleNeed]:
                 what = f"C3's {role} model without a BOS"
                 needs.append(SampleNeed(what, role, seq_len, num_seqs, "off", SAMPLES, fix))
                 needs.append(SampleNeed(what, role, sink_t, selection, "off", (SELECTION,), fix))
-    seq_len, num_seqs = plan.size("sliding")
-    what, fix = "C4's standard model at the sliding role's T", "the sliding role's num_seqs or seq_len"
-    needs.append(SampleNeed(what, "standard", seq_len, num_seqs, "auto", SAMPLES, fix))
+    if plan.window_seq_len is not None:
+        seq_len, num_seqs, fix = plan.window_seq_len, plan.window_num_seqs, "window_num_seqs or window_seq_len"
+        for role in WINDOW_ROLES:
+            what = f"C4's window line ({role} model)"
+            needs.append(SampleNeed(what, role, seq_len, num_seqs, "auto", SAMPLES, fix, plan.window_corpus))
     for role in PROBE_ROLES:  # any may be probed: whether its tokenizer prepends a BOS is known once it is loaded
         what = f"C6's probe of the {role} model"
         needs.append(
@@ -80,11 +83,15 @@ def document_problems(plan: Plan, tokenizers: Mapping[str, PreTrainedTokenizerBa
         return []
     seed = analysis_config(plan, "standard").recipe.seed
     problems = []
-    for name in plan.corpora:
+    by_corpus: dict[str, list[SampleNeed]] = {}
+    for need in sample_needs(plan):
+        for name in (need.corpus,) if need.corpus else plan.corpora:
+            by_corpus.setdefault(name, []).append(need)
+    for name, needs in by_corpus.items():
         corpus = load_corpus(name)
         parts = {sample: part_documents(corpus, part, seed) for sample, part in PARTS.items()}
         lengths: dict[str, list[int]] = {}
-        for need in sample_needs(plan):
+        for need in needs:
             spec = plan.roles[need.role].model
             tokenizer = tokenizers[spec]
             if spec not in lengths:

@@ -142,12 +142,31 @@ class Claim:
     # evidence judged once for the whole claim, not per sample, by name (C4's "lab": its own replication, over
     # seeds); none in older files, where such evidence stood in every sample
     once: dict[str, Judgement] = field(default_factory=dict)
+    # the parts of `once` the claim needs (`with_once`): C4's window line
+    required: tuple[str, ...] = ()
     # the criterion's revisions after verdicts had been seen (ClaimModule.revisions); none in older files
     revisions: list[Revision] = field(default_factory=list)
 
     @property
     def verdict(self) -> Verdict:
-        return with_once(self.samples_verdict, self.once)
+        return with_once(self.samples_verdict, self.once, self.required)
+
+    def once_name(self, name: str) -> str:
+        """A part judged once as the reports name it: "window (needed)" where the claim needs it."""
+        return f"{name} (needed)" if name in self.required else name
+
+    def once_verdicts(self) -> list[str]:
+        """Each part judged once with its verdict, as the reports list them: "lab, judged once: not testable"."""
+        return [f"{self.once_name(name)}, judged once: {once_verdict(j)}" for name, j in self.once.items()]
+
+    def untested(self) -> list[str]:
+        """Each part the claim needs that cannot test, as "NAME (needed): its first row" (which says why): each
+        keeps the claim from consistent."""
+        return [
+            f"{self.once_name(name)}: {j.evidence['evidence'].iloc[0]}"
+            for name, j in self.once.items()
+            if name in self.required and not can_test(j)
+        ]
 
     @property
     def samples_verdict(self) -> Verdict:
@@ -184,7 +203,11 @@ class Claim:
                 for name, j in self.samples.items()
             },
             "once": {
-                name: {"verdict": once_verdict(j), "evidence": j.evidence.to_dict(orient="records")}
+                name: {
+                    "verdict": once_verdict(j),
+                    "required": name in self.required,
+                    "evidence": j.evidence.to_dict(orient="records"),
+                }
                 for name, j in self.once.items()
             },
             "numbers": self.numbers,
@@ -236,13 +259,14 @@ def once_verdict(judgement: Judgement) -> str:
     return judgement.verdict if can_test(judgement) else "not testable"
 
 
-def with_once(samples: Verdict, once: Mapping[str, Judgement]) -> Verdict:
+def with_once(samples: Verdict, once: Mapping[str, Judgement], required: Sequence[str] = ()) -> Verdict:
     """A claim's verdict from its samples' (`samples`, replicated and across corpora) and the parts judged once:
     consistent only where the samples and every part that can test (`can_test`) are consistent, not consistent
-    where any of them is, inconclusive otherwise. A part that cannot test leaves the verdict. Why not `replicated`:
-    the parts are different lines of evidence of one criterion, not replications of one, and within a sample a
-    line that contradicts the claim already makes it not consistent."""
-    verdicts = [samples, *(j.verdict for j in once.values() if can_test(j))]
+    where any of them is, inconclusive otherwise. A part that cannot test leaves the verdict, unless the claim
+    needs it (`required`: C4's window line, one of the things the claim says): then the claim is inconclusive at
+    best. Why not `replicated`: the parts are different lines of evidence of one criterion, not replications of
+    one, and within a sample a line that contradicts the claim already makes it not consistent."""
+    verdicts = [samples, *(j.verdict for name, j in once.items() if can_test(j) or name in required)]
     if all(v == "consistent" for v in verdicts):
         return "consistent"
     return "not consistent" if "not consistent" in verdicts else "inconclusive"
