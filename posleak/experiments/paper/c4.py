@@ -117,6 +117,7 @@ class C4(ClaimModule):
         "residual-stream component, sliding windows let it accumulate with depth, standard RoPE sits between."
     )
     roles = ("standard", "large-base", "sliding")
+    required_once = (WINDOW,)  # the line of the sliding window the claim names (c4_window)
     criterion = C4_CRITERION
     revisions = (
         REPLICATED,
@@ -178,11 +179,10 @@ class C4(ClaimModule):
     def compared_roles(self) -> frozenset[RoleName]:
         return frozenset({"standard"})  # the NTK-scaled runs against the standard model
 
-    required_once = (WINDOW,)
-
     def measure(self, runs: Mapping[str, SampleRuns]) -> None:
         self.at_window = window_runs(self.repro)
         self.window = {s: WindowComparison.of(*pair) for s, pair in self.at_window.items()}
+        self.window_judgement = claim_window(self.window, not_measured(self.repro.plan))
         self.lab = lab_runs(self.repro)
         self.lab_judgement = claim_c4_lab(self.lab)
 
@@ -200,7 +200,7 @@ class C4(ClaimModule):
         return claim_c4(ntk_change, slopes, reported)
 
     def once(self) -> dict[str, Judgement]:
-        return {WINDOW: claim_window(self.window, not_measured(self.repro.plan)), LAB: self.lab_judgement}
+        return {WINDOW: self.window_judgement, LAB: self.lab_judgement}
 
     def numbers(self, sample: str) -> dict[str, Any]:
         """For the window line (judged once): its corpus, T, W and runs per sample; for the lab: its seeds, each
@@ -243,17 +243,13 @@ class C4(ClaimModule):
         )
 
     def _window_quote(self) -> str:
-        """The window line's difference of slopes on each sample, or why it was not measured."""
-        window = claim_window(self.window, not_measured(self.repro.plan))
-        first = window.evidence["evidence"].iloc[0]
+        """The window line's difference of slopes on each sample (`SAMPLE: value (interval)`), or why it was not
+        measured."""
+        judgement = self.window_judgement
+        names = judgement.evidence["evidence"]
         if not self.window:
-            return first.split(": ", 1)[1]
-        return "; ".join(
-            f"{s}: {quote(window, name)}"
-            for s in self.window
-            for name in window.evidence["evidence"]
-            if name.startswith(f"{s}: {WINDOW_ROW}")
-        )
+            return names.iloc[0].removeprefix(f"{WINDOW_ROW}: ")
+        return "; ".join(f"{name.split(': ')[0]}: {quote(judgement, name)}" for name in names if WINDOW_ROW in name)
 
     def figures(self, runs: SampleRuns) -> list[Path]:
         out = self.repro.out

@@ -266,7 +266,8 @@ def with_once(samples: Verdict, once: Mapping[str, Judgement], required: Sequenc
     needs it (`required`: C4's window line, one of the things the claim says): then the claim is inconclusive at
     best. Why not `replicated`: the parts are different lines of evidence of one criterion, not replications of
     one, and within a sample a line that contradicts the claim already makes it not consistent."""
-    verdicts = [samples, *(j.verdict for name, j in once.items() if can_test(j) or name in required)]
+    untested: list[Verdict] = ["inconclusive" for name, j in once.items() if name in required and not can_test(j)]
+    verdicts = [samples, *(j.verdict for j in once.values() if can_test(j)), *untested]
     if all(v == "consistent" for v in verdicts):
         return "consistent"
     return "not consistent" if "not consistent" in verdicts else "inconclusive"
