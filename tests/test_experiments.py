@@ -61,7 +61,7 @@ from posleak.experiments.paper.c6_probe import (
 from posleak.experiments.paper.corpora import corpus_problems, side_by_side
 from posleak.experiments.paper.counts import analysis_count, lab_model_count
 from posleak.experiments.paper.models import role_problems, role_tokenizers
-from posleak.experiments.paper.plan import ROLES, SAMPLES, Plan
+from posleak.experiments.paper.plan import ROLES, SAMPLES, Plan, role_for
 from posleak.experiments.paper.report import write_top
 from posleak.experiments.paper.reproduction import (
     PARTS,
@@ -1487,6 +1487,22 @@ def test_every_problem_of_the_models_in_their_roles_at_once(
     assert f"large-base model {short}: its maximum positions (128) are shorter than its T = 256" in lines[2]
     assert "sliding model gemma3-270m: its sliding window W = 512 is not shorter than its T = 512" in lines[3]
     assert not out.exists()
+
+
+def test_a_model_shorter_than_c4_s_window_line_is_refused_before_any_work(
+    edited_checkpoint: Callable[..., Path],
+) -> None:
+    """C4's window line measures the standard and sliding models at its own T: a model whose maximum positions are
+    shorter than that T is refused with its own line (the plan's T and the line's T each checked), and a model in a
+    role the line does not measure is not held to it."""
+    short = edited_checkpoint("short-window", config={"max_position_embeddings": 512})
+    roles = {**QUICK.roles, **{role: role_for(role, str(short)) for role in ("standard", "large-base")}}
+    found = [p for p in role_problems(replace(QUICK, roles=roles, window_seq_len=2048)) if str(short) in p]
+    assert found == [
+        f"standard model {short}: its maximum positions (512) are shorter than C4's window line's T = 2048; lower "
+        "window_seq_len in the plan file, or give the role another model"
+    ]
+    assert not [p for p in role_problems(replace(QUICK, roles=roles)) if str(short) in p]  # no line: nothing to hold
 
 
 def test_a_tokenizer_that_splits_a_word_the_claims_put_at_position_0_is_refused_before_any_work(

@@ -219,14 +219,8 @@ def role_problems(plan: Plan) -> list[str]:
         problems.extend([f"{role} (T = {seq_len}, N = {num_seqs}): {p}" for p in options])
         known = facts[spec]
         if isinstance(known, RoleFacts):
-            problems.extend(_fact_problems(role, spec, known, seq_len))
             window_t = plan.window_seq_len if role in WINDOW_ROLES else None
-            if window_t is not None and known.max_positions is not None and known.max_positions < window_t:
-                problems.add(
-                    f"{role} model {spec}: its maximum positions ({known.max_positions}) are shorter than C4's "
-                    f"window line's T = {window_t}; lower window_seq_len in the plan file, or give the role another "
-                    "model"
-                )
+            problems.extend(_fact_problems(role, spec, known, seq_len, window_t))
         elif spec not in reported:  # the model's own problems, once (under the first role that names it)
             reported.add(spec)
             problems.extend([f"{role} model {spec}: {p}" for p in known])
@@ -240,14 +234,16 @@ def _facts_or_problems(spec: str) -> RoleFacts | list[str]:
     return found.found
 
 
-def _fact_problems(role: RoleName, spec: str, facts: RoleFacts, seq_len: int) -> list[str]:
-    """What stops `spec` (facts `facts`) from playing `role` at T = `seq_len`."""
-    found = []
-    if facts.max_positions is not None and facts.max_positions < seq_len:
-        found.append(
-            f"{role} model {spec}: its maximum positions ({facts.max_positions}) are shorter than its T = {seq_len}; "
-            f"give the role a shorter seq_len in the plan file, or another model"
-        )
+def _fact_problems(
+    role: RoleName, spec: str, facts: RoleFacts, seq_len: int, window_seq_len: int | None = None
+) -> list[str]:
+    """What stops `spec` (facts `facts`) from playing `role` at T = `seq_len`, and at C4's window line's T where
+    the line measures the role's model (`window_seq_len`)."""
+    fix = "give the role a shorter seq_len in the plan file, or another model"
+    found = _positions_problems(role, spec, facts, "its T", seq_len, fix)
+    if window_seq_len is not None:
+        fix = "lower window_seq_len in the plan file, or give the role another model"
+        found += _positions_problems(role, spec, facts, "C4's window line's T", window_seq_len, fix)
     window = facts.sliding_window
     if role == "sliding" and window is None:
         found.append(
@@ -263,6 +259,14 @@ def _fact_problems(role: RoleName, spec: str, facts: RoleFacts, seq_len: int) ->
         claim = "C5 replaces its BOS" if role == "bos" else "C6 compares its h_0 with and without a BOS"
         found.append(f"{role} model {spec}: its tokenizer has no BOS token, and {claim}; give the role another model")
     return found
+
+
+def _positions_problems(role: RoleName, spec: str, facts: RoleFacts, which: str, seq_len: int, fix: str) -> list[str]:
+    """`spec`'s maximum positions against a T it must hold (`which` names that T), with the `fix`."""
+    if facts.max_positions is None or facts.max_positions >= seq_len:
+        return []
+    found = f"its maximum positions ({facts.max_positions}) are shorter than {which} = {seq_len}"
+    return [f"{role} model {spec}: {found}; {fix}"]
 
 
 @dataclass(frozen=True)
