@@ -19,8 +19,8 @@ import torch
 from cli import file_stamps, run_cli
 
 from posleak.capture import use_posleak_attention
-from posleak.cli import analyze as analyze_cli
 from posleak.cli import build_parser
+from posleak.cli import paper as paper_cli
 from posleak.data.batches import make_sequences
 from posleak.data.corpus import load_corpus
 from posleak.experiments.paper.plan import FULL, QUICK, Plan
@@ -137,7 +137,7 @@ def test_the_help_states_no_time_and_takes_the_paper_plans_sizes_from_the_plans(
     changed = replace(QUICK, num_seqs=17, sliding_seq_len=1024, bootstrap=300, lab_seeds=(0, 1), lab_steps=50)
     assert sizes(changed) != sizes(QUICK)
     for quick in (QUICK, changed):
-        monkeypatch.setattr(analyze_cli, "QUICK", quick)
+        monkeypatch.setattr(paper_cli, "QUICK", quick)
         helps = _helps(build_parser())
         assert numbers(helps["paper --quick"]) == sizes(quick)
         assert numbers(helps["paper --full"]) == sizes(FULL)
