@@ -28,9 +28,9 @@ from posleak.pipeline import (
     AnalyzeConfig,
     PreparedRun,
     analyze_model,
+    capture_paths,
     prepared_model,
     sequences_for,
-    waiting,
 )
 from posleak.store import RunFolder
 from posleak.store.jsonfile import dumps, nan_for_none
@@ -180,7 +180,7 @@ def _no_forward(*args: object, **kwargs: object) -> None:
 def _interrupting(stage: str, after: int, counts: dict[str, int]) -> object:
     """A replacement for CaptureSession.forward ("forward") or analyze's measure_layer ("measure") that
     counts its calls and raises KeyboardInterrupt once, on call number `after` + 1 of its stage."""
-    original = CaptureSession.forward if stage == "forward" else waiting.measure_layer
+    original = CaptureSession.forward if stage == "forward" else capture_paths.measure_layer
 
     def wrapped(*args: object, **kwargs: object) -> object:
         counts[stage] = counts.get(stage, 0) + 1
@@ -200,7 +200,7 @@ def test_interrupted_run_resumes_without_redoing_work(
     (one layer kept): the rerun redoes only what was left and ends with the same tables, bit for bit."""
     whole = _tiny_run(tmp_path / "whole")
     counts: dict[str, int] = {}
-    target = (CaptureSession, "forward") if stage == "forward" else (waiting, "measure_layer")
+    target = (CaptureSession, "forward") if stage == "forward" else (capture_paths, "measure_layer")
     monkeypatch.setattr(*target, _interrupting(stage, after, counts))
     with pytest.raises(KeyboardInterrupt):
         _tiny_run(tmp_path / "run")
@@ -271,7 +271,7 @@ def test_interrupted_in_forward_run_redoes_the_forwards_and_keeps_the_measured_l
     ends with the uninterrupted run's tables, bit for bit."""
     whole = _tiny_run(tmp_path / "whole", measure_budget=IN_FORWARD)
     counts: dict[str, int] = {}
-    monkeypatch.setattr(waiting, "measure_layer", _interrupting("measure", 1, counts))
+    monkeypatch.setattr(capture_paths, "measure_layer", _interrupting("measure", 1, counts))
     with pytest.raises(KeyboardInterrupt):
         _tiny_run(tmp_path / "run", measure_budget=IN_FORWARD)
     partial = tmp_path / "run" / ".partial"

@@ -69,7 +69,7 @@ def _lab(args: argparse.Namespace) -> int:
             bos=args.bos == "on",
             train=train_config(args),
             eval=EvalConfig(),
-            variants=_names(args.variants or ",".join(VARIANTS)),
+            variants=_comma_separated(args.variants or ",".join(VARIANTS)),
             ntk_factor=args.ntk_factor,
         ),
     )
@@ -83,7 +83,7 @@ def _lab(args: argparse.Namespace) -> int:
     return 0
 
 
-def _names(text: str) -> tuple[str, ...]:
+def _comma_separated(text: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
@@ -99,7 +99,7 @@ def _task_lab(args: argparse.Namespace) -> int:
             tasks=args.tasks,
             seeds=args.seeds,
             train_options=train_options(args),
-            variants=_names(args.variants or ",".join(TASK_VARIANTS)),
+            variants=_comma_separated(args.variants or ",".join(TASK_VARIANTS)),
             size=args.size,
             bos=args.bos == "on",
             ntk_factor=args.ntk_factor,

@@ -15,7 +15,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_models, light=True)
 
 
-def _rows() -> list[dict[str, Any]]:
+def _model_rows() -> list[dict[str, Any]]:
     """One row per built-in model: the registry's facts (no model is loaded) and whether it is fetched."""
     return [
         {"name": e.name, **e.expected.to_dict(), "checkpoint": e.checkpoint, "fetched": zoo.is_fetched(e.name)}
@@ -24,7 +24,7 @@ def _rows() -> list[dict[str, Any]]:
 
 
 def _models(args: argparse.Namespace) -> int:
-    rows = _rows()
+    rows = _model_rows()
     if args.json:
         print(dumps(rows, indent=2))
         return 0
@@ -35,7 +35,9 @@ def _models(args: argparse.Namespace) -> int:
             r["architecture"],
             str(r["layers"]),
             f"{r['heads']}/{r['kv_heads']}",
-            ", ".join(f"{kind.removesuffix('_attention')} {_short(theta)}" for kind, theta in r["rope_theta"].items()),
+            ", ".join(
+                f"{kind.removesuffix('_attention')} {_short_base(theta)}" for kind, theta in r["rope_theta"].items()
+            ),
             str(r["sliding_window"] or "-"),
             "yes" if r["auto_bos"] else "no",
             "yes" if r["fetched"] else "no",
@@ -48,7 +50,7 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
-def _short(value: float) -> str:
+def _short_base(value: float) -> str:
     """1e5 rather than 100000.0, so bases of different size read alike."""
     mantissa, exponent = f"{value:e}".split("e")
     return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"

@@ -96,24 +96,27 @@ def add_null_options(parser: argparse.ArgumentParser) -> None:
 def add_placement_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
     """--device, --dtype, --device-map, --max-memory (posleak.device); `defaults=False`: none of their own, for
     options that are `AnalyzeConfig` fields (the module docstring says why)."""
-    given = Placement()
+    placement = Placement()
     group = parser.add_argument_group("device and precision (docs/method.md §4: the sums stay float64)")
 
     def default(value: Any) -> Any:
         return value if defaults else argparse.SUPPRESS
 
     group.add_argument(
-        "--device", choices=DEVICES, default=default(given.device), help="auto: CUDA, else MPS, else CPU"
+        "--device", choices=DEVICES, default=default(placement.device), help="auto: CUDA, else MPS, else CPU"
     )
     group.add_argument(
-        "--dtype", choices=DTYPES, default=default(given.dtype), help="the model's weights and activations"
+        "--dtype", choices=DTYPES, default=default(placement.dtype), help="the model's weights and activations"
     )
     group.add_argument(
-        "--device-map", choices=DEVICE_MAPS, default=default(given.device_map), help="spread the layers over devices"
+        "--device-map",
+        choices=DEVICE_MAPS,
+        default=default(placement.device_map),
+        help="spread the layers over devices",
     )
     group.add_argument(
         "--max-memory",
-        default=default(given.max_memory),
+        default=default(placement.max_memory),
         metavar="DEV=SIZE,..",
         help="with --device-map: cpu=8GiB,0=20GiB",
     )
@@ -144,7 +147,7 @@ def add_intervention_options(parser: argparse.ArgumentParser) -> None:
             )
 
 
-def given(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
+def options_given(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
     """The options given on the command line among `names`."""
     wanted = set(names)
     return {name: value for name, value in vars(args).items() if name in wanted}
@@ -153,13 +156,13 @@ def given(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
 def interventions_from(args: argparse.Namespace) -> Interventions:
     from posleak.interventions import Interventions
 
-    return Interventions(**given(args, option_defaults()))
+    return Interventions(**options_given(args, option_defaults()))
 
 
 def config_from(args: argparse.Namespace, interventions: Interventions) -> AnalyzeConfig:
     from posleak.pipeline import AnalyzeConfig
 
-    return AnalyzeConfig(**given(args, AnalyzeConfig.OPTIONS), interventions=interventions)
+    return AnalyzeConfig(**options_given(args, AnalyzeConfig.OPTIONS), interventions=interventions)
 
 
 def add_training_options(parser: argparse.ArgumentParser) -> None:
@@ -196,7 +199,7 @@ def train_options(args: argparse.Namespace) -> dict[str, Any]:
     from posleak.lab.trainer import TrainConfig
 
     # --task names the lab's tasks, set per trial
-    options = given(args, (field.name for field in dataclasses.fields(TrainConfig)))
+    options = options_given(args, (field.name for field in dataclasses.fields(TrainConfig)))
     return {name: value for name, value in options.items() if name != "task" and value is not None}
 
 
