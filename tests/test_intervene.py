@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ from posleak.commands.intervene import effect_table, intervene
 from posleak.data.batches import TokenBatch
 from posleak.errors import PosleakError
 from posleak.interventions import Interventions
-from posleak.interventions.base import Intervention, Option, Values
+from posleak.interventions.base import Intervention, setting
 from posleak.interventions.embedding import mean_embedding
 from posleak.interventions.heads import SinkHeads, parse_heads
 from posleak.interventions.key0_reads import Key0Reads
@@ -69,7 +70,7 @@ def test_bos_replacement_changes_position0_embedding_only(kind: str) -> None:
     model = use_posleak_attention(tiny_model("gemma3"))  # Gemma scales inside its embedding module
     ids = _ids(model)
     base = _resid(model, ids)
-    spec = Interventions(replace_bos=kind, seed=3)
+    spec = Interventions.from_options(replace_bos=kind, seed=3)
     with spec.applied(model, tiny_tokenizer(), bos_at_0=True):
         replaced = _resid(model, ids)
     torch.testing.assert_close(replaced[0, :, 1:], base[0, :, 1:], rtol=0, atol=0)
@@ -101,7 +102,7 @@ def test_replace_bos_without_bos_is_refused() -> None:
     model = use_posleak_attention(tiny_model("llama"))
     with (
         pytest.raises(PosleakError, match="needs a BOS"),
-        Interventions(replace_bos="zero").applied(model, None, False),
+        Interventions.from_options(replace_bos="zero").applied(model, None, False),
     ):
         pass
 
@@ -112,7 +113,7 @@ def test_patching_reproduces_the_source_position0() -> None:
     source = ids.clone()
     source[:, 0] = 42  # the source input: another token at position 0
     source_states = _resid(model, source)[:, 0, 0]
-    spec = Interventions(patch_pos0="id:42", patch_layers="1..2")
+    spec = Interventions.from_options(patch_pos0="id:42", patch_layers="1..2")
     with spec.applied(model, None, bos_at_0=True):
         patched = _resid(model, ids)
     base = _resid(model, ids)
@@ -133,14 +134,16 @@ def test_ntk_factor_one_and_global_window_without_windows_change_nothing() -> No
     model = use_posleak_attention(tiny_model("llama"))
     ids = _ids(model)
     base = _resid(model, ids)
-    torch.testing.assert_close(_resid(_with_overrides(model, Interventions(rope_scaling="ntk:1")), ids), base)
-    edits = Interventions(window="global").attention_edits()
+    torch.testing.assert_close(
+        _resid(_with_overrides(model, Interventions.from_options(rope_scaling="ntk:1")), ids), base
+    )
+    edits = Interventions.from_options(window="global").attention_edits()
     torch.testing.assert_close(_resid(model, ids, edits), base, rtol=0, atol=0)
 
 
 def test_ntk_scaling_moves_the_base_and_changes_attention() -> None:
     model = use_posleak_attention(tiny_model("llama"))
-    spec = Interventions(rope_scaling="ntk:4")
+    spec = Interventions.from_options(rope_scaling="ntk:4")
     params = spec.config_overrides(model.config)["rope_parameters"]
     dim = model.config.hidden_size // model.config.num_attention_heads
     assert params["rope_theta"] == pytest.approx(model.config.rope_parameters["rope_theta"] * 4 ** (dim / (dim - 2)))
@@ -150,7 +153,7 @@ def test_ntk_scaling_moves_the_base_and_changes_attention() -> None:
 
 def test_gemma_rope_scaling_applies_to_every_layer_type() -> None:
     model = tiny_model("gemma3")
-    params = Interventions(rope_scaling="linear:2").config_overrides(model.config)["rope_parameters"]
+    params = Interventions.from_options(rope_scaling="linear:2").config_overrides(model.config)["rope_parameters"]
     assert {p["rope_type"] for p in params.values()} == {"linear"}
     assert {p["factor"] for p in params.values()} == {2.0}
 
@@ -158,7 +161,7 @@ def test_gemma_rope_scaling_applies_to_every_layer_type() -> None:
 def test_window_override_masks_exactly_beyond_the_window() -> None:
     model = use_posleak_attention(tiny_model("llama"))
     ids = _ids(model)
-    windowed = _resid(model, ids, Interventions(window=str(WINDOW)).attention_edits())
+    windowed = _resid(model, ids, Interventions.from_options(window=str(WINDOW)).attention_edits())
     base = _resid(model, ids)
     torch.testing.assert_close(windowed[:, :, :WINDOW], base[:, :, :WINDOW], rtol=1e-5, atol=1e-6)
     assert not torch.allclose(windowed[:, :, WINDOW:], base[:, :, WINDOW:])
@@ -169,7 +172,7 @@ def test_ablating_key0_of_a_head_that_gives_it_no_attention_changes_nothing(mode
     model = use_posleak_attention(tiny_model("mistral", window=1))  # queries attend only to themselves
     ids = _ids(model)
     base = _resid(model, ids)
-    edits = Interventions(ablate_sink_values="0.1,1.0,1.3", ablate_mode=mode).attention_edits()
+    edits = Interventions.from_options(ablate_sink_values="0.1,1.0,1.3", ablate_mode=mode).attention_edits()
     torch.testing.assert_close(_resid(model, ids, edits), base, rtol=0, atol=0)
 
 
@@ -177,7 +180,7 @@ def test_ablating_key0_of_a_reading_head_changes_later_queries_only() -> None:
     model = use_posleak_attention(tiny_model("llama"))
     ids = _ids(model)
     base = _resid(model, ids)
-    edits = Interventions(ablate_sink_values="0.0,0.1,0.2,0.3").attention_edits()
+    edits = Interventions.from_options(ablate_sink_values="0.0,0.1,0.2,0.3").attention_edits()
     ablated = _resid(model, ids, edits)
     torch.testing.assert_close(ablated[:, :, 0], base[:, :, 0], rtol=0, atol=0)  # position 0 untouched
     assert not torch.allclose(ablated[1, :, 1:], base[1, :, 1:])
@@ -206,7 +209,9 @@ def test_ablating_key0_equals_a_brute_force_forward_with_the_value_replaced(mode
     too); query 0 keeps its own value."""
     model = use_posleak_attention(tiny_model("gemma3"))
     ids, heads = _ids(model), "0.1,1.2,1.3,2.0"
-    ablated = _resid(model, ids, Interventions(ablate_sink_values=heads, ablate_mode=mode).attention_edits())
+    ablated = _resid(
+        model, ids, Interventions.from_options(ablate_sink_values=heads, ablate_mode=mode).attention_edits()
+    )
     previous = model.config._attn_implementation
     try:
         AttentionInterface.register("ablate_reference", _ablating_attention(parse_heads(heads), mode))
@@ -221,7 +226,7 @@ def test_ablating_key0_equals_a_brute_force_forward_with_the_value_replaced(mode
 def test_the_value_ablation_edits_before_the_other_output_edits() -> None:
     """The output edits apply in registry order, whatever order the options are given in: the value ablation
     first (on the model's own output), then the reweightings of key 0."""
-    given = Interventions(remove_sink_reads="0.1", hold_sink_clock="0.2", ablate_sink_values="0.1")
+    given = Interventions.from_options(remove_sink_reads="0.1", hold_sink_clock="0.2", ablate_sink_values="0.1")
     edits = given.attention_edits().output_edits
     assert [type(edit) for edit in edits] == [Key0ValueAblation, Key0Reads, Key0Reads]
     assert [edit.target for edit in edits[1:]] == ["mean", "zero"]
@@ -295,7 +300,7 @@ def test_key0_patch_equals_a_brute_force_forward_with_the_source_tokens_key_and_
     model = use_posleak_attention(tiny_model(family))
     ids, heads = _ids(model), "0.1,1.2,1.3,2.0"
     base = _resid(model, ids)
-    edits = Interventions(patch_kv0="id:42", kv0_heads=heads).attention_edits(model=model)
+    edits = Interventions.from_options(patch_kv0="id:42", kv0_heads=heads).attention_edits(model=model)
     patched = _resid(model, ids, edits)
     reference = _brute_force_resid(model, ids, 42, heads)
     torch.testing.assert_close(patched, reference.to(patched), rtol=1e-4, atol=1e-5)
@@ -310,7 +315,7 @@ def test_key0_patch_from_the_token_already_there_changes_nothing() -> None:
     source's one-token forward gives exactly the sequence's own k_0 and v_0 (position 0 is closed)."""
     model = use_posleak_attention(tiny_model("qwen2"))
     ids = _ids(model)
-    edits = Interventions(patch_kv0="id:3", kv0_heads="0.0,1.1,2.3").attention_edits(model=model)
+    edits = Interventions.from_options(patch_kv0="id:3", kv0_heads="0.0,1.1,2.3").attention_edits(model=model)
     torch.testing.assert_close(_resid(model, ids, edits), _resid(model, ids), rtol=1e-5, atol=1e-5)
 
 
@@ -338,7 +343,7 @@ def test_sink_heads_of_a_model_built_with_them(
     config = AnalyzeConfig(seq_len=SINK_T, num_seqs=batch.num_seqs, batch_size=2)
     heads = sink_heads_of(sink_model(logits), batch, config.execution.batch_size)
     assert heads == expected
-    (ablation,) = Interventions(ablate_sink_values="auto").attention_edits(heads).output_edits
+    (ablation,) = Interventions.from_options(ablate_sink_values="auto").attention_edits(heads).output_edits
     assert ablation.heads == {layer: chosen for layer, chosen in expected.items() if chosen}
 
 
@@ -347,7 +352,10 @@ def test_auto_ablation_ablates_exactly_the_sink_heads() -> None:
     scores are the analytic α_0 (value ablation leaves the attention weights alone)."""
     batch = _verbatim(sink_ids())
     config = AnalyzeConfig(
-        seq_len=SINK_T, num_seqs=batch.num_seqs, bootstrap=0, interventions=Interventions(ablate_sink_values="auto")
+        seq_len=SINK_T,
+        num_seqs=batch.num_seqs,
+        bootstrap=0,
+        interventions=Interventions.from_options(ablate_sink_values="auto"),
     )
     result = analyze_model(prepared_model(sink_model(SINK_LOGITS), batch, config.analysis, "sink-lab"), progress=False)
     ablated = result.manifest["interventions"][0]["sink_heads_ablated"]
@@ -414,7 +422,7 @@ def test_key0_reweighting_equals_a_forward_with_the_attention_rows_edited_by_han
     and moved the logits by far more than that."""
     model = use_posleak_attention(tiny_model(family))
     ids, heads = _ids(model), "0.1,1.2,1.3,2.0"
-    edits = Interventions(**{option: heads}).attention_edits()
+    edits = Interventions.from_options(**{option: heads}).attention_edits()
     edited = _logits(model, ids, edits)
     previous = model.config._attn_implementation
     try:
@@ -463,7 +471,7 @@ def test_key0_reweighting_changes_exactly_key0s_weight_and_keeps_each_row_a_dist
     query[:, 1, 1:, 0] = torch.log(c * torch.arange(1, seq_len, dtype=torch.float64) / (1 - c))
     call = _call(query, key, torch.eye(seq_len, dtype=torch.float64).expand(2, 3, seq_len, seq_len), mask)
     weights = call.output
-    (edit,) = Interventions(**{option: "0.0,0.1"}).attention_edits().output_edits
+    (edit,) = Interventions.from_options(**{option: "0.0,0.1"}).attention_edits().output_edits
     new = edit(call)
 
     sees = torch.arange(seq_len) < window  # the queries that see key 0
@@ -500,7 +508,7 @@ def test_key0_reweighting_of_a_head_that_reads_only_key_0_is_the_attention_over_
     call = _call(query, key, value, MaskSpec())
     weight0 = call.attention_on_key0()[..., 1:].double()
     assert bool(((1 - weight0).abs() < 1e-5).all())
-    (edit,) = Interventions(**{option: "0.0"}).attention_edits().output_edits
+    (edit,) = Interventions.from_options(**{option: "0.0"}).attention_edits().output_edits
     new = edit(call)
     logits = query[..., 1:, :].double() @ key[..., 1:, :].double().transpose(-1, -2)
     rest = torch.softmax(logits.masked_fill(~MaskSpec().dense(9), float("-inf")), dim=-1) @ value[..., 1:, :].double()
@@ -531,7 +539,7 @@ def test_key0_reweighting_of_a_model_leaves_other_heads_layers_and_query_0_alone
     ids = _ids(model)
     base, edited = _Outputs(), _Outputs()
     CaptureSession([base]).forward(model, ids)
-    CaptureSession([edited], Interventions(**{option: "1.0,1.2"}).attention_edits()).forward(model, ids)
+    CaptureSession([edited], Interventions.from_options(**{option: "1.0,1.2"}).attention_edits()).forward(model, ids)
     torch.testing.assert_close(edited.outputs[0], base.outputs[0], rtol=0, atol=0)
     torch.testing.assert_close(edited.outputs[1][:, [1, 3]], base.outputs[1][:, [1, 3]], rtol=0, atol=0)
     torch.testing.assert_close(edited.outputs[1][:, :, 0], base.outputs[1][:, :, 0], rtol=0, atol=0)
@@ -546,11 +554,14 @@ def test_auto_key0_reweighting_edits_exactly_the_sink_heads(option: str, key: st
     the analytic α_0 (the edit changes the heads' outputs only)."""
     batch = _verbatim(sink_ids())
     config = AnalyzeConfig(
-        seq_len=SINK_T, num_seqs=batch.num_seqs, bootstrap=0, interventions=Interventions(**{option: "auto"})
+        seq_len=SINK_T,
+        num_seqs=batch.num_seqs,
+        bootstrap=0,
+        interventions=Interventions.from_options(**{option: "auto"}),
     )
     result = analyze_model(prepared_model(sink_model(SINK_LOGITS), batch, config.analysis, "sink-lab"), progress=False)
     assert result.manifest["interventions"][0][key] == {str(layer): list(heads) for layer, heads in SINK_HEADS.items()}
-    (edit,) = Interventions(**{option: "auto"}).attention_edits(SINK_HEADS).output_edits
+    (edit,) = Interventions.from_options(**{option: "auto"}).attention_edits(SINK_HEADS).output_edits
     assert edit.heads == {layer: heads for layer, heads in SINK_HEADS.items() if heads}
     scores = result.per_head.sort_values(["layer", "head"])["sink_score"].to_numpy().reshape(3, 4)
     np.testing.assert_allclose(scores, sink_scores(SINK_LOGITS, layers=3), atol=1e-6)
@@ -558,20 +569,20 @@ def test_auto_key0_reweighting_edits_exactly_the_sink_heads(option: str, key: st
 
 def test_bad_intervention_options_are_one_line_errors() -> None:
     with pytest.raises(PosleakError, match="rope-scaling"):
-        Interventions(rope_scaling="ntk:abc").config_overrides(tiny_model("llama").config)
+        Interventions.from_options(rope_scaling="ntk:abc").config_overrides(tiny_model("llama").config)
     with pytest.raises(PosleakError, match="--window"):
-        Interventions(window="wide").attention_edits()
+        Interventions.from_options(window="wide").attention_edits()
     with pytest.raises(PosleakError, match="ablate-sink-values"):
-        Interventions(ablate_sink_values="3").attention_edits()
+        Interventions.from_options(ablate_sink_values="3").attention_edits()
     with pytest.raises(PosleakError, match="--kv0-heads"):
-        Interventions(patch_kv0="id:1", kv0_heads="1-2").attention_edits(model=tiny_model("llama"))
+        Interventions.from_options(patch_kv0="id:1", kv0_heads="1-2").attention_edits(model=tiny_model("llama"))
     for option in ("hold_sink_clock", "remove_sink_reads"):
         flag = "--" + option.replace("_", "-")
-        assert Interventions(**{option: "1.x"}).problems(None, None) == [
+        assert Interventions.from_options(**{option: "1.x"}).problems(None, None) == [
             f"bad {flag} '1.x'; use auto or L.H,L.H (layer.head)"
         ]
         with pytest.raises(PosleakError, match=flag):
-            Interventions(**{option: "3"}).attention_edits()
+            Interventions.from_options(**{option: "3"}).attention_edits()
 
 
 @pytest.mark.parametrize("option", ["hold_sink_clock", "remove_sink_reads"])
@@ -585,7 +596,7 @@ def test_key0_reweighting_refuses_sigmoid_attention(option: str) -> None:
     model = use_posleak_attention(build_lab_model(config, seed=0).eval())
     flag = "--" + option.replace("_", "-")
     with pytest.raises(PosleakError, match=f"^{flag} reweights a softmax row; layer 0's attention is sigmoid") as err:
-        CaptureSession(edits=Interventions(**{option: "0.0"}).attention_edits()).forward(model, sink_ids())
+        CaptureSession(edits=Interventions.from_options(**{option: "0.0"}).attention_edits()).forward(model, sink_ids())
     assert "\n" not in str(err.value)
 
 
@@ -786,7 +797,7 @@ def test_intervene_rope_scaling_reloads_the_model_with_the_scaled_base(
     nothing else: the intervened run equals an analysis of a model built by hand with that base and the same
     weights, on the same sequences."""
     folder, corpus = checkpoint
-    spec = Interventions(rope_scaling="ntk:4")
+    spec = Interventions.from_options(rope_scaling="ntk:4")
     config = AnalyzeConfig(seq_len=24, num_seqs=4, batch_size=2, corpus=str(corpus), bootstrap=0, interventions=spec)
     run = intervene(str(folder), config, out=tmp_path / "run", progress=False)
 
@@ -889,7 +900,7 @@ def test_window_wider_than_the_sequences_changes_no_prediction(tmp_path: Path, c
     baseline's bit for bit, every change and its interval is 0, and the baseline's loss over all queries is
     transformers' own loss (eager attention) on the same ids."""
     folder, corpus = checkpoint
-    spec = Interventions(window="1000")
+    spec = Interventions.from_options(window="1000")
     config = AnalyzeConfig(seq_len=24, num_seqs=6, batch_size=4, corpus=str(corpus), bootstrap=40, interventions=spec)
     run = intervene(str(folder), config, out=tmp_path / "run", progress=False)
     pd.testing.assert_frame_equal(run.intervened.tokens, run.baseline.tokens, check_exact=True)
@@ -955,29 +966,30 @@ def test_behaviour_intervals_are_the_paired_resamples_of_sequences(shift: int) -
 # ------------------------------------------------------------------------------- a new intervention, registered
 
 
+@dataclass(frozen=True)
 class ScaleOutputs(Intervention):
     """A toy intervention, whole in one class as a new module would hold it: every attention output scaled by K."""
 
     name = "scale_outputs"
-    options = (Option("scale_outputs", metavar="K", help="multiply every attention output by K > 0"),)
 
-    def problems(self, values: Values, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
-        spec = values["scale_outputs"]
+    factor: str | None = setting("scale_outputs", metavar="K", help="multiply every attention output by K > 0")
+
+    def problems(self, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
         try:
-            good = spec is None or float(spec) > 0
+            good = self.factor is None or float(self.factor) > 0
         except ValueError:
             good = False
-        return [] if good else [f"bad --scale-outputs {spec!r}; use a factor K > 0"]
+        return [] if good else [f"bad --scale-outputs {self.factor!r}; use a factor K > 0"]
 
     def edit_attention(
         self,
-        values: Values,
         edits: AttentionEdits,
         sink_heads: SinkHeads | None,
         model: PreTrainedModel | None,
         tokenizer: PreTrainedTokenizerBase | None,
     ) -> None:
-        factor = float(values["scale_outputs"])
+        assert self.factor is not None  # installed only where given
+        factor = float(self.factor)
         edits.output_edits = (*edits.output_edits, lambda call: call.output * factor)
 
 
@@ -989,11 +1001,11 @@ def test_a_registered_intervention_reaches_the_command_line_its_checks_the_manif
     and the magnitudes change."""
 
     def identity() -> str:
-        config = AnalyzeConfig(seq_len=24, interventions=Interventions(ablate_sink_values="auto"))
+        config = AnalyzeConfig(seq_len=24, interventions=Interventions.from_options(ablate_sink_values="auto"))
         return fingerprint({"config": config.identity()})
 
     unregistered = identity()
-    monkeypatch.setitem(REGISTRY, ScaleOutputs.name, ScaleOutputs())
+    monkeypatch.setitem(REGISTRY, ScaleOutputs.name, ScaleOutputs)
     assert identity() == unregistered  # registering it changes no fingerprint of a run without it: those resume
     folder, corpus = checkpoint
     args = ("intervene", str(folder), "--corpus", str(corpus), "--seq-len", "24", "--num-seqs", "4",

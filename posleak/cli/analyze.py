@@ -230,7 +230,7 @@ def given(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
 def interventions_from(args: argparse.Namespace) -> Interventions:
     from posleak.interventions import Interventions
 
-    return Interventions(**given(args, option_defaults()))
+    return Interventions.from_options(**given(args, option_defaults()))
 
 
 def config_from(args: argparse.Namespace, interventions: Interventions) -> AnalyzeConfig:
