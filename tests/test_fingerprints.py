@@ -216,41 +216,32 @@ def test_interventions_are_held_in_the_registrys_order_once_each() -> None:
     assert not hasattr(Interventions, "__getattr__")
 
 
+# the size of those runs: smollm2-135m, T = 24, N = 2, no bootstrap
+SMALL: dict[str, Any] = {"seq_len": 24, "num_seqs": 2, "batch_size": 2, "bootstrap": 0}
+
 # (case, the config it was written with): the run folders' manifests in tests/fixtures
 OLD_RUNS: dict[str, AnalyzeConfig] = {
     "null-part-ablate": AnalyzeConfig(
-        seq_len=24,
-        num_seqs=2,
-        batch_size=2,
-        bootstrap=0,
+        **SMALL,
         null="shuffle",
         part=(0, (1, 1)),
         interventions=Interventions(AblateSinkValues("auto", mode="mean")),
     ),
     "replace-bos-random": AnalyzeConfig(
-        seq_len=24,
-        num_seqs=2,
-        batch_size=2,
-        bootstrap=0,
+        **SMALL,
         seed=3,
         bos="on",
         interventions=Interventions(ReplaceBos("random", seed=3)),
     ),
     "rope-window": AnalyzeConfig(
-        seq_len=24,
-        num_seqs=2,
-        batch_size=2,
-        bootstrap=0,
+        **SMALL,
         windows_per_document=1,
         beyond=8,
         scores=False,
         interventions=Interventions(RopeScaling("ntk:4"), Window("16")),
     ),
     "kv0-clock-seed": AnalyzeConfig(
-        seq_len=24,
-        num_seqs=2,
-        batch_size=2,
-        bootstrap=0,
+        **SMALL,
         seed=5,
         bos="on",
         null="shift",
