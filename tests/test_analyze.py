@@ -20,7 +20,7 @@ from posleak.commands.analyze import analyze
 from posleak.data.batches import TokenBatch
 from posleak.data.kinds import BosPolicy
 from posleak.errors import PosleakError
-from posleak.interventions import Interventions
+from posleak.interventions import Interventions, Window
 from posleak.measure import LAYER_MAGNITUDES
 from posleak.models.load import LoadedModel
 from posleak.pipeline import (
@@ -301,7 +301,7 @@ def test_bad_measure_budget_is_one_line(tmp_path: Path) -> None:
 
 
 def test_window_override_is_recorded_in_the_tables(tmp_path: Path) -> None:
-    result = _tiny_run(None, interventions=Interventions(window="global"))
+    result = _tiny_run(None, interventions=Interventions(Window("global")))
     assert list(result.per_layer["window"]) == [0, 0, 0]
     assert result.manifest["interventions"] == [{"window": "global"}]
 

@@ -17,7 +17,7 @@ from posleak.commands.analyze import analyze
 from posleak.errors import PosleakError
 from posleak.experiments import batch
 from posleak.experiments.batch import AnalysisJob, BatchSpec, run_analyses, run_batch
-from posleak.interventions import Interventions
+from posleak.interventions import Interventions, RopeScaling
 from posleak.pipeline import AnalyzeConfig
 from posleak.store import RunFolder
 
@@ -47,7 +47,7 @@ def _alone(folder: Path, corpus: Path, rope_scaling: str | None, out: Path) -> R
         batch_size=2,
         corpus=str(corpus),
         bootstrap=20,
-        interventions=Interventions(rope_scaling=rope_scaling),
+        interventions=Interventions.from_options(rope_scaling=rope_scaling),
     )
     analyze(str(folder), config, out=out, progress=False)
     return RunFolder(out)
@@ -97,7 +97,7 @@ def test_local_analyses_load_each_model_once_and_come_back_in_the_order_asked(
     loads: list[tuple[str, str | None]] = []
 
     def counted(spec: str, interventions: Interventions, **kwargs: object) -> object:
-        loads.append((spec, interventions.rope_scaling))
+        loads.append((spec, _rope_scaling(interventions)))
         return real_load(spec, interventions, **kwargs)
 
     real_load = batch.load_for
@@ -106,7 +106,7 @@ def test_local_analyses_load_each_model_once_and_come_back_in_the_order_asked(
     asked = [
         (folder, base),
         (other, base),
-        (folder, base.replace(interventions=Interventions(rope_scaling="ntk:4"))),
+        (folder, base.replace(interventions=Interventions.from_options(rope_scaling="ntk:4"))),
         (other, base.replace(seed=1)),
         (folder, base.replace(seed=1)),
     ]
@@ -119,8 +119,14 @@ def test_local_analyses_load_each_model_once_and_come_back_in_the_order_asked(
         assert args["model"] == str(model)
         assert (args["config"]["seed"], args["config"]["interventions"].get("rope_scaling")) == (
             config.recipe.seed,
-            config.interventions.rope_scaling,
+            _rope_scaling(config.interventions),
         )
+
+
+def _rope_scaling(interventions: Interventions) -> str | None:
+    """The RoPE scaling the interventions give, if any."""
+    rope = interventions.get(RopeScaling)
+    return None if rope is None else rope.scaling
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from posleak.experiments.paper.c3_units import (
     sink_heads,
     unit_rows,
 )
-from posleak.interventions import Interventions
+from posleak.interventions import AblateSinkValues, HoldSinkClock, Interventions, PatchKv0
 from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model, prepared_model
 
 CLOSED, OPEN = {"run": 0.0}, {"run": 0.02}
@@ -141,9 +141,9 @@ def test_claim_c3_on_a_model_whose_sink_heads_write_nothing() -> None:
     later = [layer for layer in baseline.per_layer["layer"] if layer > sinks["layer"].min()]
     changes = {}
     for name, edit in (
-        ("clock-sinks", Interventions(hold_sink_clock=head_list(sinks))),
-        ("kv0-sinks", Interventions(patch_kv0="id:5", kv0_heads=head_list(sinks))),
-        ("ablate-sinks", Interventions(ablate_sink_values=head_list(sinks))),
+        ("clock-sinks", Interventions(HoldSinkClock(head_list(sinks)))),
+        ("kv0-sinks", Interventions(PatchKv0("id:5", head_list(sinks)))),
+        ("ablate-sinks", Interventions(AblateSinkValues(head_list(sinks)))),
     ):
         run = analyze_model(
             prepared_model(model, batch, config.replace(interventions=edit).analysis, "sink-lab"), progress=False

@@ -25,7 +25,7 @@ from posleak.experiments.paper.c5 import (
     removed_name,
     replacement,
 )
-from posleak.interventions import Interventions
+from posleak.interventions import Interventions, ReplaceBos
 from posleak.pipeline import AnalysisResult, AnalyzeConfig
 
 KEY0, REST = f"{WHOLE}_key0", f"{WHOLE}_rest"
@@ -115,7 +115,7 @@ def replaced_run(
         bos="on",
         corpus=str(corpus),
         bootstrap=30,
-        interventions=Interventions(replace_bos="mean"),
+        interventions=Interventions(ReplaceBos("mean")),
     )
     run = intervene(str(folder), config, out=root / "run", progress=False)
     return run.baseline, run.intervened, run.behaviour

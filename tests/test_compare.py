@@ -84,7 +84,7 @@ def test_compare_command_on_run_folders(tmp_path: Path, capsys: pytest.CaptureFi
         "tiny-gemma3": tmp_path / "gemma3",
     }
     _analysis("llama", runs["tiny-llama"], "tiny-llama")
-    _analysis("llama", runs["tiny-llama window=8"], "tiny-llama", Interventions(window="8"))
+    _analysis("llama", runs["tiny-llama window=8"], "tiny-llama", Interventions.from_options(window="8"))
     _analysis("gemma3", runs["tiny-gemma3"], "tiny-gemma3")
     out = tmp_path / "comparison"
     proc = run_cli("compare", *map(str, runs.values()), "--out", str(out))

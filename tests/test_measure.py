@@ -40,7 +40,7 @@ from posleak.capture.masks import MaskSpec
 from posleak.capture.residual import CLOSED_SYSTEM_RTOL
 from posleak.capture.store import CallFacts, CaptureFolder, LayerCapture, QKRecorder
 from posleak.experiments.evidence import sequence_mean
-from posleak.interventions import Interventions
+from posleak.interventions import Interventions, RemoveSinkReads
 from posleak.measure import (
     Decomposition,
     Grid,
@@ -523,7 +523,7 @@ def test_a_tiny_llama_carries_its_first_token_to_later_positions_and_loses_it_wi
     assert (accuracy[0] == 1 / 8).all() and (accuracy[1:].mean(1) >= 0.95).all()
     same = identity_accuracy(variant_states(model, ids, [CANDIDATES[0]] * 8, PROBE_AT, batch_size=4))
     every = ",".join(f"{layer}.{head}" for layer in range(3) for head in range(4))
-    edits = Interventions(remove_sink_reads=every).attention_edits()
+    edits = Interventions(RemoveSinkReads(every)).attention_edits()
     removed = identity_accuracy(variant_states(model, ids, CANDIDATES, PROBE_AT, batch_size=4, edits=edits))
     assert (same == 1 / 8).all() and (removed == 1 / 8).all()
 

@@ -134,7 +134,8 @@ def placement_from(args: argparse.Namespace) -> Placement:
 
 
 def add_intervention_options(parser: argparse.ArgumentParser) -> None:
-    """One option for each registered intervention's options (posleak.interventions.registry), in its order."""
+    """One option for each setting of every registered intervention, made from its dataclass fields
+    (posleak.interventions.registry), in registry order."""
     group = parser.add_argument_group("interventions (docs/method.md §9)")
     for option in registered_options():
         if option.flag:
@@ -156,7 +157,7 @@ def options_given(args: argparse.Namespace, names: Iterable[str]) -> dict[str, A
 def interventions_from(args: argparse.Namespace) -> Interventions:
     from posleak.interventions import Interventions
 
-    return Interventions(**options_given(args, option_defaults()))
+    return Interventions.from_options(**options_given(args, option_defaults()))
 
 
 def config_from(args: argparse.Namespace, interventions: Interventions) -> AnalyzeConfig:

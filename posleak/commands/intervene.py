@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 from posleak.data.batches import TokenBatch, without_bos
-from posleak.interventions.spec import Interventions
+from posleak.interventions import Interventions, ReplaceBos
 from posleak.measure import measured_magnitudes, percentile_interval
 from posleak.measure.behaviour import behaviour_lines, behaviour_table
 from posleak.models.load import LoadedModel
@@ -130,7 +130,7 @@ def checked_intervention(
     elif not bos_off and loaded is not None and batch is not None:
         problems.extend(token_file_bos_problems(loaded, batch, config.recipe))
     bos_at_0 = check.bos_at_0
-    if bos_off and interventions.replace_bos is not None:
+    if bos_off and interventions.get(ReplaceBos) is not None:
         problems.add("--replace-bos acts on the BOS that --bos off removes; run them as two interventions")
         bos_at_0 = None
     problems.extend(interventions.problems(loaded, bos_at_0))

@@ -4,18 +4,20 @@ them, if any; checked before any model is asked."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from posleak.data.kinds import BOS_POLICIES, NULLS, BosPolicy, NullKind, Part
+from posleak.store.identity import identity, left_out_at_default
 
 SEEDS = 2**32  # seeds are drawn by torch.Generator.manual_seed: 0 ≤ seed < 2^32
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """What sequences a run analyses (posleak.pipeline.prepare.sequences_for makes them for a model)."""
+    """What sequences a run analyses (posleak.pipeline.prepare.sequences_for makes them for a model). The options
+    added after the first run folders were written are left out of the fingerprint at their defaults
+    (`left_out_at_default`), so that those folders keep resuming."""
 
     seq_len: int = 256
     num_seqs: int = 16
@@ -26,27 +28,19 @@ class Recipe:
     seed: int = 0
     # A null of the sequences instead of the sequences (posleak.data.nulls, docs/method.md §14), drawn with
     # `null_seed`; None: the sequences as they are.
-    null: NullKind | None = None
-    null_seed: int = 0
+    null: NullKind | None = left_out_at_default(None)
+    null_seed: int = left_out_at_default(0, follows="null")
     # (index, shares): only the documents of that part, the corpus's documents dealt into parts in the proportions
     # `shares` by `seed` (posleak.data.batches.part_documents): `posleak paper`'s samples, which share no document.
     # None: all.
-    part: Part | None = None
+    part: Part | None = left_out_at_default(None)
     # At most this many windows of each document, one of every document before a second of any (None: no limit,
     # the windows drawn among all): with 1, N sequences are windows of N distinct documents.
-    windows_per_document: int | None = None
+    windows_per_document: int | None = left_out_at_default(None)
 
     def identity(self) -> dict[str, Any]:
-        """The recipe as a run's fingerprint covers it: without a null, the null's options are left out, so that
-        the run folders written before nulls existed keep their fingerprint."""
-        options = dataclasses.asdict(self)
-        if self.null is None:
-            del options["null"], options["null_seed"]
-        if self.part is None:
-            del options["part"]
-        if self.windows_per_document is None:  # left out, so that the run folders written before it keep theirs
-            del options["windows_per_document"]
-        return options
+        """The recipe as a run's fingerprint covers it (posleak.store.identity)."""
+        return identity(self)
 
     def problems(self) -> list[str]:
         """What is wrong with the recipe's options, before any corpus or model is read (the shape of the

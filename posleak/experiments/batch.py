@@ -226,7 +226,8 @@ class BatchSpec:
         jobs = []
         for model in self.models:
             for point, options in grid_options(self.base, self.grid):
-                interventions = Interventions(**{k: v for k, v in options.items() if k in INTERVENTION_KEYS})
+                given = {k: v for k, v in options.items() if k in INTERVENTION_KEYS}
+                interventions = Interventions.from_options(**given)
                 config = AnalyzeConfig(
                     **{k: v for k, v in options.items() if k in CONFIG_KEYS}, interventions=interventions
                 )

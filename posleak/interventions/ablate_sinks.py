@@ -4,10 +4,11 @@ queries i ≥ 1 of the chosen heads read it, replaced inside the attention funct
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from posleak.data.kinds import ABLATE_MODES
-from posleak.interventions.base import Intervention, Option, Values
+from posleak.data.kinds import ABLATE_MODES, AblateMode
+from posleak.interventions.base import Intervention, setting
 from posleak.interventions.heads import SinkHeads, head_problems, heads_of
 
 if TYPE_CHECKING:
@@ -19,26 +20,25 @@ if TYPE_CHECKING:
 OPTION = "--ablate-sink-values"
 
 
+@dataclass(frozen=True)
 class AblateSinkValues(Intervention):
     name = "ablate_sink_values"
     chosen_heads_key = "sink_heads_ablated"
-    options = (
-        Option("ablate_sink_values", metavar="auto|L.H,..."),
-        Option("ablate_mode", default="zero", choices=ABLATE_MODES, help="what replaces an ablated value"),
-    )
 
-    def problems(self, values: Values, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
+    heads: str | None = setting("ablate_sink_values", metavar="auto|L.H,...")
+    mode: AblateMode = setting("ablate_mode", "zero", choices=ABLATE_MODES, help="what replaces an ablated value")
+
+    def problems(self, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
         found = []
-        if values["ablate_mode"] not in ABLATE_MODES:
-            found.append(f"bad --ablate-mode {values['ablate_mode']!r}; use {' or '.join(ABLATE_MODES)}")
-        return found + head_problems(OPTION, values["ablate_sink_values"], model)
+        if self.mode not in ABLATE_MODES:
+            found.append(f"bad --ablate-mode {self.mode!r}; use {' or '.join(ABLATE_MODES)}")
+        return found + head_problems(OPTION, self.heads, model)
 
-    def needs_sink_heads(self, values: Values) -> bool:
-        return values["ablate_sink_values"] == "auto"
+    def needs_sink_heads(self) -> bool:
+        return self.heads == "auto"
 
     def edit_attention(
         self,
-        values: Values,
         edits: AttentionEdits,
         sink_heads: SinkHeads | None,
         model: PreTrainedModel | None,
@@ -46,5 +46,6 @@ class AblateSinkValues(Intervention):
     ) -> None:
         from posleak.interventions.key0_values import Key0ValueAblation
 
-        ablation = Key0ValueAblation(heads_of(values["ablate_sink_values"], OPTION, sink_heads), values["ablate_mode"])
+        assert self.heads is not None  # installed only where given
+        ablation = Key0ValueAblation(heads_of(self.heads, OPTION, sink_heads), self.mode)
         edits.add_output_edit(ablation)

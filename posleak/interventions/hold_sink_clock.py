@@ -6,9 +6,10 @@ from it: whether sink heads carry position to later queries (claim C3 (a))."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from posleak.interventions.base import Intervention, Option, Values
+from posleak.interventions.base import Intervention, setting
 from posleak.interventions.heads import SinkHeads, head_problems, heads_of
 
 if TYPE_CHECKING:
@@ -18,32 +19,31 @@ if TYPE_CHECKING:
     from posleak.models.load import LoadedModel
 
 
+@dataclass(frozen=True)
 class HoldSinkClock(Intervention):
     name = "hold_sink_clock"
     chosen_heads_key = "sink_heads_clock_held"
-    options = (
-        Option(
-            "hold_sink_clock",
-            metavar="auto|L.H,...",
-            help="in these heads, key 0's weight for queries i ≥ 1 held at its mean over them",
-        ),
+
+    heads: str | None = setting(
+        "hold_sink_clock",
+        metavar="auto|L.H,...",
+        help="in these heads, key 0's weight for queries i ≥ 1 held at its mean over them",
     )
     # what key 0's weight becomes (posleak.interventions.key0_reads.Key0Reads)
     target: ClassVar[Literal["mean", "zero"]] = "mean"
 
     @property
     def flag(self) -> str:
-        return self.options[0].flag_name
+        return self.options()[0].flag_name
 
-    def problems(self, values: Values, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
-        return head_problems(self.flag, values[self.options[0].name], model)
+    def problems(self, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
+        return head_problems(self.flag, self.heads, model)
 
-    def needs_sink_heads(self, values: Values) -> bool:
-        return values[self.options[0].name] == "auto"
+    def needs_sink_heads(self) -> bool:
+        return self.heads == "auto"
 
     def edit_attention(
         self,
-        values: Values,
         edits: AttentionEdits,
         sink_heads: SinkHeads | None,
         model: PreTrainedModel | None,
@@ -51,5 +51,6 @@ class HoldSinkClock(Intervention):
     ) -> None:
         from posleak.interventions.key0_reads import Key0Reads
 
-        heads = heads_of(values[self.options[0].name], self.flag, sink_heads)
+        assert self.heads is not None  # installed only where given
+        heads = heads_of(self.heads, self.flag, sink_heads)
         edits.add_output_edit(Key0Reads(heads, self.target, self.flag))

@@ -4,9 +4,10 @@ attention function; `auto` chooses the sink heads of a baseline pass."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from posleak.interventions.base import Intervention, Option, Values
+from posleak.interventions.base import Intervention, setting
 from posleak.interventions.heads import SinkHeads, head_problems, heads_of
 from posleak.validate import Problems
 
@@ -19,32 +20,33 @@ if TYPE_CHECKING:
 OPTION, HEADS_OPTION = "--patch-kv0", "--kv0-heads"
 
 
+@dataclass(frozen=True)
 class PatchKv0(Intervention):
     name = "patch_kv0"
     chosen_heads_key = "sink_heads_kv0_patched"
-    options = (
-        Option("patch_kv0", metavar="SOURCE", help="key 0's key and value in --kv0-heads from this token"),
-        Option("kv0_heads", default="auto", metavar="auto|L.H,...", help="the heads --patch-kv0 patches"),
-    )
 
-    def problems(self, values: Values, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
+    source: str | None = setting(
+        "patch_kv0", metavar="SOURCE", help="key 0's key and value in --kv0-heads from this token"
+    )
+    heads: str = setting("kv0_heads", "auto", metavar="auto|L.H,...", help="the heads --patch-kv0 patches")
+
+    def problems(self, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
         from posleak.interventions.patching import source_token
 
-        if values["patch_kv0"] is None:  # --kv0-heads alone is not checked: it patches nothing
+        if self.source is None:  # --kv0-heads alone is not checked: it patches nothing
             return []
         found = Problems()
-        found.extend(head_problems(HEADS_OPTION, values["kv0_heads"], model))
+        found.extend(head_problems(HEADS_OPTION, self.heads, model))
         if model is not None:
             with found.collecting():
-                source_token(model.tokenizer, values["patch_kv0"], model.facts.vocab_size, OPTION)
+                source_token(model.tokenizer, self.source, model.facts.vocab_size, OPTION)
         return found.found
 
-    def needs_sink_heads(self, values: Values) -> bool:
-        return values["kv0_heads"] == "auto"
+    def needs_sink_heads(self) -> bool:
+        return self.heads == "auto"
 
     def edit_attention(
         self,
-        values: Values,
         edits: AttentionEdits,
         sink_heads: SinkHeads | None,
         model: PreTrainedModel | None,
@@ -57,6 +59,7 @@ class PatchKv0(Intervention):
 
         if model is None:
             raise ValueError("patch_kv0 needs the model, to compute the source token's key and value")
-        heads = heads_of(values["kv0_heads"], HEADS_OPTION, sink_heads)
-        token = source_token(tokenizer, values["patch_kv0"], option=OPTION)
+        assert self.source is not None  # installed only where given
+        heads = heads_of(self.heads, HEADS_OPTION, sink_heads)
+        token = source_token(tokenizer, self.source, option=OPTION)
         edits.add_output_edit(key0_patch(model, token, heads))

@@ -4,9 +4,10 @@ layers replaced by the SOURCE token's, by forward hooks (posleak.interventions.p
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from posleak.interventions.base import Intervention, Option, Values
+from posleak.interventions.base import Intervention, setting
 from posleak.validate import Problems
 
 if TYPE_CHECKING:
@@ -15,30 +16,31 @@ if TYPE_CHECKING:
     from posleak.models.load import LoadedModel
 
 
+@dataclass(frozen=True)
 class PatchPos0(Intervention):
     name = "patch_pos0"
-    options = (
-        Option("patch_pos0", metavar="SOURCE", help="TEXT of one token, or id:N"),
-        Option("patch_layers", default="all", metavar="L..", help="resid indices: all | L | A..B | L,L"),
-    )
 
-    def problems(self, values: Values, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
+    source: str | None = setting("patch_pos0", metavar="SOURCE", help="TEXT of one token, or id:N")
+    layers: str = setting("patch_layers", "all", metavar="L..", help="resid indices: all | L | A..B | L,L")
+
+    def problems(self, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
         from posleak.interventions.patching import parse_layers, source_token
 
         found = Problems()
-        if values["patch_pos0"] is not None and model is not None:
+        if self.source is not None and model is not None:
             with found.collecting():
-                source_token(model.tokenizer, values["patch_pos0"], model.facts.vocab_size)
+                source_token(model.tokenizer, self.source, model.facts.vocab_size)
             with found.collecting():
-                parse_layers(values["patch_layers"], model.facts.layers + 1)
+                parse_layers(self.layers, model.facts.layers + 1)
         return found.found
 
     def hooks(
-        self, values: Values, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, bos_at_0: bool
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, bos_at_0: bool
     ) -> AbstractContextManager[None]:
         from posleak.capture.residual import decoder_layers
         from posleak.interventions.patching import parse_layers, patched_position0, position0_trajectory, source_token
 
-        token = source_token(tokenizer, values["patch_pos0"])
-        layers = parse_layers(values["patch_layers"], len(decoder_layers(model)) + 1)
+        assert self.source is not None  # installed only where given
+        token = source_token(tokenizer, self.source)
+        layers = parse_layers(self.layers, len(decoder_layers(model)) + 1)
         return patched_position0(model, position0_trajectory(model, token), layers)

@@ -1,7 +1,7 @@
-"""The registered interventions by name, in the order they are checked, recorded and installed, and the
-command-line options they declare. Adding an intervention: one module with an `Intervention` (see
-posleak.interventions.base) and its line here; its options then reach the command line, `Interventions`, batch files
-and the run's fingerprint."""
+"""The registered interventions, in the order they are checked, recorded and installed, and the options their
+settings declare. Adding an intervention: one module with an `Intervention` dataclass (see
+posleak.interventions.base) and its line here; its settings then reach the command line, `Interventions`, batch
+files and the run's fingerprint."""
 
 from __future__ import annotations
 
@@ -17,28 +17,28 @@ from posleak.interventions.replace_bos import ReplaceBos
 from posleak.interventions.rope_scaling import RopeScaling
 from posleak.interventions.window import Window
 
-REGISTRY: dict[str, Intervention] = {
+REGISTRY: dict[str, type[Intervention]] = {
     intervention.name: intervention
     for intervention in (
-        ReplaceBos(),
-        PatchPos0(),
-        AblateSinkValues(),
-        PatchKv0(),
-        HoldSinkClock(),
-        RemoveSinkReads(),
-        RopeScaling(),
-        Window(),
+        ReplaceBos,
+        PatchPos0,
+        AblateSinkValues,
+        PatchKv0,
+        HoldSinkClock,
+        RemoveSinkReads,
+        RopeScaling,
+        Window,
     )
 }
 
 
-def registered() -> list[Intervention]:
+def registered() -> list[type[Intervention]]:
     return list(REGISTRY.values())
 
 
 def registered_options() -> list[Option]:
     """Every registered intervention's options, in order."""
-    return [option for intervention in registered() for option in intervention.options]
+    return [option for intervention in registered() for option in intervention.options()]
 
 
 def option_defaults() -> dict[str, Any]:

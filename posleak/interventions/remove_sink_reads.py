@@ -6,18 +6,21 @@ when the sink heads no longer read it (claim C6)."""
 
 from __future__ import annotations
 
-from posleak.interventions.base import Option
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from posleak.interventions.base import setting
 from posleak.interventions.hold_sink_clock import HoldSinkClock
 
 
+@dataclass(frozen=True)
 class RemoveSinkReads(HoldSinkClock):
     name = "remove_sink_reads"
     chosen_heads_key = "sink_heads_reads_removed"
-    options = (
-        Option(
-            "remove_sink_reads",
-            metavar="auto|L.H,...",
-            help="in these heads, queries i ≥ 1 give key 0 no weight (the rest renormalised)",
-        ),
+
+    heads: str | None = setting(
+        "remove_sink_reads",
+        metavar="auto|L.H,...",
+        help="in these heads, queries i ≥ 1 give key 0 no weight (the rest renormalised)",
     )
-    target = "zero"
+    target: ClassVar[Literal["mean", "zero"]] = "zero"

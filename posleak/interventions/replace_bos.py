@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from posleak.errors import PosleakError
-from posleak.interventions.base import Intervention, Option, Values
+from posleak.interventions.base import Intervention, setting
 from posleak.interventions.heads import SinkHeads
 from posleak.validate import Problems
 
@@ -19,13 +20,16 @@ if TYPE_CHECKING:
 REPLACEMENTS = ("mean", "random", "zero", "token:TEXT")
 
 
+@dataclass(frozen=True)
 class ReplaceBos(Intervention):
     name = "replace_bos"
-    options = (Option("replace_bos", metavar="|".join(REPLACEMENTS)), Option("seed", default=0, flag=False))
 
-    def problems(self, values: Values, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
+    kind: str | None = setting("replace_bos", metavar="|".join(REPLACEMENTS))
+    seed: int = setting("seed", 0, flag=False)  # the run's --seed: what draws the `random` direction
+
+    def problems(self, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
         """At most one problem: the first one stands in the way of the others."""
-        kind = values["replace_bos"]
+        kind = self.kind
         found = Problems()
         with found.collecting():
             if kind is not None:
@@ -43,22 +47,22 @@ class ReplaceBos(Intervention):
                     )
         return found.found
 
-    def describe(self, values: Values, sink_heads: SinkHeads | None) -> dict[str, Any]:
-        described = super().describe(values, sink_heads)
-        if values["replace_bos"] != "random":  # the seed draws only the random direction
+    def describe(self, sink_heads: SinkHeads | None) -> dict[str, Any]:
+        described = super().describe(sink_heads)
+        if self.kind != "random":  # the seed draws only the random direction
             del described["seed"]
         return described
 
     def hooks(
-        self, values: Values, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, bos_at_0: bool
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, bos_at_0: bool
     ) -> AbstractContextManager[None]:
         from posleak.interventions.embedding import replaced_position0, replacement_vector
 
         if not bos_at_0:
             raise PosleakError("--replace-bos needs a BOS at position 0; add --bos on")
-        kind = values["replace_bos"]
-        vector = replacement_vector(model, kind, replacement_token(tokenizer, kind))
-        return replaced_position0(model, vector, values["seed"])
+        assert self.kind is not None  # installed only where given
+        vector = replacement_vector(model, self.kind, replacement_token(tokenizer, self.kind))
+        return replaced_position0(model, vector, self.seed)
 
 
 def replacement_token(tokenizer: PreTrainedTokenizerBase | None, kind: str) -> int | None:

@@ -1,18 +1,21 @@
-"""The interventions of one run (docs/method.md §9): the value of every registered intervention's options
-(posleak.interventions.registry), and what is checked, recorded and installed of them, one intervention after
-another.
+"""The interventions of one run (docs/method.md §9): a tuple of registered interventions, each a frozen dataclass
+of its own settings (posleak.interventions.registry), and what is checked, recorded and installed of them, one
+intervention after another in the registry's order.
 
-`Interventions(replace_bos="mean")` gives some options (the others keep their defaults); each option reads as
-an attribute (`interventions.rope_scaling`). `describe()` is what the manifest records and
-`problems(model, bos_at_0)` what is wrong with them, checked before any forward pass. Where each acts: at load
-time (`config_overrides`), inside the attention function (`attention_edits`) or as forward hooks (`applied`).
+`Interventions(ReplaceBos("mean"), RopeScaling("ntk:4"))` gives some; `Interventions.from_options(replace_bos=
+"mean")` makes them from options by name, as the command line and batch files give them (the one place those names
+are read); `interventions.get(ReplaceBos)` is the one given of a kind. `describe()` is what the manifest records,
+`to_dict()` what the fingerprint covers and `problems(model, bos_at_0)` what is wrong with them, checked before any
+forward pass. Where each acts: at load time (`config_overrides`), inside the attention function
+(`attention_edits`) or as forward hooks (`applied`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from posleak.interventions.base import Intervention
 from posleak.interventions.heads import SinkHeads
@@ -24,40 +27,50 @@ if TYPE_CHECKING:
     from posleak.capture.session import AttentionEdits
     from posleak.models.load import LoadedModel
 
+Kind = TypeVar("Kind", bound=Intervention)
 
+
+@dataclass(frozen=True, init=False)
 class Interventions:
-    """One run's value of every registered option, by name; immutable, compared and hashed by value."""
+    """One run's interventions, in the registry's order, each with a setting away from its default (one whose
+    other settings alone apply nothing, such as `--ablate-mode mean` alone, is kept: the fingerprint covers it);
+    immutable, compared and hashed by value."""
 
-    def __init__(self, **given: Any) -> None:
+    items: tuple[Intervention, ...]
+
+    def __init__(self, *items: Intervention) -> None:
+        order = registered()
+        if strays := [item for item in items if type(item) not in order]:
+            raise TypeError(f"{strays} are not registered interventions; the registered ones are {order}")
+        kinds = [type(item) for item in items]
+        if twice := sorted({kind.name for kind in kinds if kinds.count(kind) > 1}):
+            raise TypeError(f"one run takes each intervention once; {twice} given twice")
+        kept = sorted((item for item in items if item.changed()), key=lambda item: order.index(type(item)))
+        object.__setattr__(self, "items", tuple(kept))  # how a frozen dataclass sets its fields
+
+    @classmethod
+    def from_options(cls, **options: Any) -> Interventions:
+        """The interventions the options give by name (`replace_bos="mean"`, `patch_kv0=…, kv0_heads=…`; the others
+        keep their defaults)."""
         defaults = option_defaults()
-        if unknown := sorted(set(given) - set(defaults)):
+        if unknown := sorted(set(options) - set(defaults)):
             raise TypeError(f"unknown intervention option(s) {unknown}; the registered ones are {sorted(defaults)}")
-        self._values = {name: given.get(name, default) for name, default in defaults.items()}
-
-    def __getattr__(self, name: str) -> Any:
-        values = self.__dict__.get("_values", {})  # absent while unpickling, before __dict__ is filled in
-        if name in values:
-            return values[name]
-        raise AttributeError(f"{type(self).__name__} has no option {name!r}")
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Interventions) and self._values == other._values
-
-    def __hash__(self) -> int:
-        return hash(tuple(self._values.items()))
+        return cls(*(kind.from_options(options) for kind in registered()))
 
     def __repr__(self) -> str:
-        given = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items())
-        return f"Interventions({given})"
+        return f"Interventions({', '.join(map(repr, self.items))})"
+
+    def get(self, kind: type[Kind]) -> Kind | None:
+        """The given intervention of `kind`, if any."""
+        return next((item for item in self._given() if type(item) is kind), None)  # type: ignore[misc]
 
     def to_dict(self) -> dict[str, Any]:
-        """The options away from their defaults, as a run's fingerprint covers them: registering another
-        intervention then changes no run's fingerprint (a run without it resumes as before)."""
-        defaults = option_defaults()
-        return {name: value for name, value in self._values.items() if value != defaults[name]}
+        """The settings away from their defaults, by option name, as a run's fingerprint covers them: registering
+        another intervention then changes no run's fingerprint (a run without it resumes as before)."""
+        return {name: value for item in self.items for name, value in item.changed().items()}
 
     def _given(self) -> list[Intervention]:
-        return [intervention for intervention in registered() if intervention.given(self._values)]
+        return [item for item in self.items if item.given]
 
     def problems(self, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
         """Everything wrong with these options, one message each, without computing anything on the model.
@@ -65,7 +78,7 @@ class Interventions:
         Their syntax always; with the `model` (None: it did not load) also the layers, heads, tokens and RoPE
         they name; with `bos_at_0` (None: not known) whether a BOS stands at position 0 where one is needed.
         """
-        return [problem for item in registered() for problem in item.problems(self._values, model, bos_at_0)]
+        return [problem for item in self.items for problem in item.problems(model, bos_at_0)]
 
     @property
     def is_empty(self) -> bool:
@@ -76,12 +89,12 @@ class Interventions:
         `sink_heads` an `auto` chose under the name of what was done to them."""
         described: dict[str, Any] = {}
         for intervention in self._given():
-            described |= intervention.describe(self._values, sink_heads)
+            described |= intervention.describe(sink_heads)
         return described
 
     @property
     def needs_sink_heads(self) -> bool:
-        return any(intervention.needs_sink_heads(self._values) for intervention in self._given())
+        return any(intervention.needs_sink_heads() for intervention in self._given())
 
     def at_load(self) -> tuple[tuple[str, Any], ...]:
         """The options of the given interventions that change the model as it loads: what tells one loaded model
@@ -90,14 +103,14 @@ class Interventions:
             item
             for intervention in self._given()
             if intervention.at_load
-            for item in intervention.describe(self._values, None).items()
+            for item in intervention.describe(None).items()
         )
 
     def config_overrides(self, config: PretrainedConfig) -> dict[str, Any]:
         """What the load-time interventions change in the model's config."""
         overrides: dict[str, Any] = {}
         for intervention in self._given():
-            overrides |= intervention.load_overrides(self._values, config)
+            overrides |= intervention.load_overrides(config)
         return overrides
 
     def attention_edits(
@@ -112,7 +125,7 @@ class Interventions:
 
         edits = AttentionEdits()
         for intervention in self._given():
-            intervention.edit_attention(self._values, edits, sink_heads, model, tokenizer)
+            intervention.edit_attention(edits, sink_heads, model, tokenizer)
         return edits
 
     @contextmanager
@@ -122,5 +135,5 @@ class Interventions:
         """Install the forward-hook interventions for the duration of the block."""
         with ExitStack() as stack:
             for intervention in self._given():
-                stack.enter_context(intervention.hooks(self._values, model, tokenizer, bos_at_0))
+                stack.enter_context(intervention.hooks(model, tokenizer, bos_at_0))
             yield

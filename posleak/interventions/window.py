@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from posleak.errors import PosleakError
-from posleak.interventions.base import Intervention, Option, Values
+from posleak.interventions.base import Intervention, setting
 from posleak.interventions.heads import SinkHeads
 from posleak.validate import Problems, natural_number
 
@@ -19,26 +19,28 @@ if TYPE_CHECKING:
     from posleak.models.load import LoadedModel
 
 
+@dataclass(frozen=True)
 class Window(Intervention):
     name = "window"
-    options = (Option("window", metavar="W|global"),)
 
-    def problems(self, values: Values, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
+    width: str | None = setting("window", metavar="W|global")
+
+    def problems(self, model: LoadedModel | None, bos_at_0: bool | None) -> list[str]:
         found = Problems()
         with found.collecting():
-            if values["window"] is not None:
-                parse_window(values["window"])
+            if self.width is not None:
+                parse_window(self.width)
         return found.found
 
     def edit_attention(
         self,
-        values: Values,
         edits: AttentionEdits,
         sink_heads: SinkHeads | None,
         model: PreTrainedModel | None,
         tokenizer: PreTrainedTokenizerBase | None,
     ) -> None:
-        width = parse_window(values["window"])
+        assert self.width is not None  # installed only where given
+        width = parse_window(self.width)
         edits.add_mask_edit(WindowOverride(None if width == "global" else width))
 
 

@@ -15,6 +15,7 @@ from posleak.data.recipe import Recipe, seed_problems
 from posleak.device import Placement, budget_problems
 from posleak.interventions import Interventions
 from posleak.measure import NOISE_CORRECTION, Grid
+from posleak.store.identity import identity, left_out_at_default
 
 # Profile tables on the exact grid grow as T²·heads·layers rows: refused beyond this length.
 EXACT_TABLES_UP_TO = 256
@@ -26,7 +27,9 @@ MAX_RESAMPLES = 100_000  # percentile intervals settle long before; each resampl
 @dataclass(frozen=True)
 class MeasureOptions:
     """How the layers are measured (docs/method.md): the tables' grid, the early queries, the bootstrap, where
-    the range "beyond" starts, and whether the model's own next-token scores are kept."""
+    the range "beyond" starts, and whether the model's own next-token scores are kept. The options added after the
+    first run folders were written are left out of the fingerprint at their defaults (`left_out_at_default`), so
+    that those folders keep resuming."""
 
     grid: GridKind = "coarse"
     early: int = 32
@@ -35,11 +38,11 @@ class MeasureOptions:
     # W of the range "beyond" = W ≤ i < T (docs/method.md §3): None, the model's sliding window (no range without
     # one); a number, those queries on any model, so that a model without a window is measured on the same
     # queries as a windowed one of width W at the same T
-    beyond: int | None = None
+    beyond: int | None = left_out_at_default(None)
     # The model's next-token loss and top-1 hit at every query (tokens.parquet, posleak.measure.behaviour, method
     # §11), through its output layer: an eighth of smollm2-135m's forward at T = 256, more than half of
     # gemma3-270m's at T = 640 (its 262k-word vocabulary). False where nothing compares them (`paper`'s nulls).
-    scores: bool = True
+    scores: bool = left_out_at_default(True)
 
     def problems(self, seq_len: int, num_seqs: int | None) -> list[str]:
         """What is wrong with these options for `num_seqs` sequences (None: any number) of `seq_len` tokens."""
@@ -107,13 +110,8 @@ class AnalysisOptions:
     def identity(self) -> dict[str, Any]:
         """The options a run's resume fingerprint covers: every one but `measure_budget`, which changes where the
         captures wait and no number, so that a killed run resumes under another budget."""
-        measure = dataclasses.asdict(self.measure)
-        if self.measure.beyond is None:  # left out, so that run folders written before it keep their fingerprint
-            del measure["beyond"]
-        if self.measure.scores:  # the same, for run folders written before scores could be left out
-            del measure["scores"]
         return {
-            **measure,
+            **identity(self.measure),
             "noise_correction": NOISE_CORRECTION,
             "batch_size": self.execution.batch_size,
             **self.execution.placement.to_dict(),

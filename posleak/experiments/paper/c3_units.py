@@ -27,7 +27,7 @@ from posleak.experiments.paper.models import read_facts
 from posleak.experiments.paper.plan import RoleName
 from posleak.experiments.paper.reproduction import SELECTION, Reproduction, SampleRuns
 from posleak.experiments.paper.verdict import fact, row
-from posleak.interventions import Interventions
+from posleak.interventions import AblateSinkValues, HoldSinkClock, Interventions, PatchKv0, PatchPos0
 from posleak.pipeline import AnalysisResult, AnalyzeConfig
 
 C3_ROLES: tuple[RoleName, ...] = ("standard", "large-base", "sliding")
@@ -63,14 +63,14 @@ QUESTIONS = (
         "a",
         "clock",
         "clock removal",  # do sink heads carry position to later queries
-        lambda heads: Interventions(hold_sink_clock=heads),
+        lambda heads: Interventions(HoldSinkClock(heads)),
         MIN_CLOCK_LOWERING,
     ),
     Question(
         "b",
         "kv0",
         "K/V patch",  # does it matter which trajectory they read
-        lambda heads: Interventions(patch_kv0=PATCH_SOURCE, kv0_heads=heads),
+        lambda heads: Interventions(PatchKv0(PATCH_SOURCE, heads)),
         MIN_PATCH_LOWERING,
     ),
 )
@@ -219,11 +219,11 @@ class Design:
             }
         if reported:
             sinks = head_list(self.sinks)
-            runs["ablate-sinks"] = (Interventions(ablate_sink_values=sinks), self.sinks)
-            runs["ablate-sinks-mean"] = (Interventions(ablate_sink_values=sinks, ablate_mode="mean"), self.sinks)
+            runs["ablate-sinks"] = (Interventions(AblateSinkValues(sinks)), self.sinks)
+            runs["ablate-sinks-mean"] = (Interventions(AblateSinkValues(sinks, "mean")), self.sinks)
             # one control draw for the reported value ablation: the deciding runs have them all (the run's cost)
-            runs["ablate-control0"] = (Interventions(ablate_sink_values=head_list(self.controls[0])), self.controls[0])
-            runs["patch-pos0"] = (Interventions(patch_pos0=PATCH_SOURCE), None)
+            runs["ablate-control0"] = (Interventions(AblateSinkValues(head_list(self.controls[0]))), self.controls[0])
+            runs["patch-pos0"] = (Interventions(PatchPos0(PATCH_SOURCE)), None)
         return runs
 
 

@@ -17,7 +17,7 @@ from posleak.data.batches import TokenBatch
 from posleak.experiments.evidence import Estimate, sequence_mean
 from posleak.experiments.paper.plan import ROLE_NAMES, RoleName
 from posleak.experiments.paper.reproduction import SELECTION, Reproduction
-from posleak.interventions import Interventions
+from posleak.interventions import Interventions, RemoveSinkReads
 from posleak.interventions.patching import source_token
 from posleak.measure.bootstrap import resampling_units
 from posleak.measure.position0 import identity_accuracy, variant_states
@@ -159,7 +159,7 @@ def probe_identity(
     is, then without the reads of key 0 of `heads`' sink heads, then of its controls, where it has them."""
 
     def accuracy(removing: dict[int, tuple[int, ...]] | None = None) -> torch.Tensor:
-        edits = None if removing is None else Interventions(remove_sink_reads="auto").attention_edits(removing)
+        edits = None if removing is None else Interventions(RemoveSinkReads("auto")).attention_edits(removing)
         return 100 * identity_accuracy(variant_states(model, ids, candidates, PROBE_POSITIONS, batch_size, edits))
 
     removed = accuracy(heads.sinks) if any(heads.sinks.values()) else None

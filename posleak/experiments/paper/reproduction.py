@@ -22,7 +22,7 @@ from posleak.data.batches import TokenBatch
 from posleak.data.kinds import NullKind, Part
 from posleak.experiments.batch import AnalysisJob, ModelCache, draw_sequences, run_analyses
 from posleak.experiments.paper.plan import SAMPLES, SHOWN, Plan, Role, RoleName
-from posleak.interventions import Interventions
+from posleak.interventions import Interventions, ReplaceBos, RopeScaling
 from posleak.models.load import LoadedModel
 from posleak.pipeline import AnalysisResult, AnalyzeConfig
 from posleak.pipeline.config import MIN_SEQS
@@ -159,11 +159,11 @@ def shared_analyses(plan: Plan, sample: str = SHOWN) -> list[Analysis]:
     roles = plan.roles
     standard, bos = roles["standard"], roles["bos"]
     ntk = [
-        Analysis(_ntk_key(k), "standard", f"{standard.folder}-ntk{k:g}", Interventions(rope_scaling=f"ntk:{k:g}"))
+        Analysis(_ntk_key(k), "standard", f"{standard.folder}-ntk{k:g}", Interventions(RopeScaling(f"ntk:{k:g}")))
         for k in plan.ntk_factors
     ]
     replaced = [
-        Analysis(_bos_key(kind), "bos", f"{bos.folder}-{kind}", Interventions(replace_bos=kind)) for kind in BOS_KINDS
+        Analysis(_bos_key(kind), "bos", f"{bos.folder}-{kind}", Interventions(ReplaceBos(kind))) for kind in BOS_KINDS
     ]
     plain = {role: Analysis(roles[role].key, role, roles[role].folder) for role in roles}
     nulls = [
