@@ -2,7 +2,7 @@
 the plan's window_seq_len (T ≥ 4W) on its window_corpus, on samples A and B, judged once (docs/method.md §13).
 
 The full plan runs it among some 290 analyses (more than two hours on 2 cores); this runs its four analyses only
-(`posleak.experiments.paper.c4_window`), into OUT/window/NAME-SAMPLE, the folders `posleak paper --full --out OUT`
+(`posleak.experiments.paper.claims.c4.window`), into OUT/window/NAME-SAMPLE, the folders `posleak paper --full --out OUT`
 would write (rerun to resume), and prints each analysis's time and the line's evidence and verdict.
 docs/method.md §13 quotes it for the built-ins.
 
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from posleak.experiments.paper import FULL
-from posleak.experiments.paper.c4_window import WindowComparison, claim_window, not_measured, window_runs
+from posleak.experiments.paper.claims.c4.window import WindowComparison, claim_window, not_measured, window_runs
 from posleak.experiments.paper.reproduction import Reproduction
 from posleak.experiments.paper.verdict import quoted
 

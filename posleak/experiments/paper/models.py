@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from posleak.errors import PosleakError
-from posleak.experiments.paper.plan import BOS_ROLES, ROLE_NAMES, WINDOW_ROLES, Plan, RoleName, role_for
+from posleak.experiments.paper.plan import ROLE_NAMES, Plan, RoleName, role_for
 from posleak.experiments.paper.reproduction import analysis_config
+from posleak.experiments.paper.requests import LongerT
 from posleak.measure.bootstrap import MIN_BOOTSTRAP_UNITS
 from posleak.models.builtin import ZOO
 from posleak.models.facts import ModelFacts
@@ -194,7 +195,10 @@ def _is_item(value: Any, kind: type) -> bool:
 
 def role_problems(plan: Plan) -> list[str]:
     """Every problem of the plan's models in their roles, from their configs and tokenizers (no weights): the
-    models are read side by side (a large tokenizer takes seconds to parse), each once."""
+    models are read side by side (a large tokenizer takes seconds to parse), each once; each claim's own needs of
+    them (a longer T, a BOS token) as the claims declare them."""
+    from posleak.experiments.paper.claims import CLAIMS  # here: C3's units read `read_facts` from this module
+
     problems = Problems()
     specs = list(dict.fromkeys(plan.roles[role].model for role in ROLE_NAMES))
     with ThreadPoolExecutor(len(specs)) as pool:
@@ -219,8 +223,9 @@ def role_problems(plan: Plan) -> list[str]:
         problems.extend([f"{role} (T = {seq_len}, N = {num_seqs}): {p}" for p in options])
         known = facts[spec]
         if isinstance(known, RoleFacts):
-            window_t = plan.window_seq_len if role in WINDOW_ROLES else None
-            problems.extend(_fact_problems(role, spec, known, seq_len, window_t))
+            longer = [t for claim in CLAIMS for t in claim.positions_needed(plan) if t.role == role]
+            why_bos = next((claim.bos_needed[role] for claim in CLAIMS if role in claim.bos_needed), None)
+            problems.extend(_fact_problems(role, spec, known, seq_len, longer, why_bos))
         elif spec not in reported:  # the model's own problems, once (under the first role that names it)
             reported.add(spec)
             problems.extend([f"{role} model {spec}: {p}" for p in known])
@@ -235,15 +240,19 @@ def _facts_or_problems(spec: str) -> RoleFacts | list[str]:
 
 
 def _fact_problems(
-    role: RoleName, spec: str, facts: RoleFacts, seq_len: int, window_seq_len: int | None = None
+    role: RoleName,
+    spec: str,
+    facts: RoleFacts,
+    seq_len: int,
+    longer: Sequence[LongerT] = (),
+    why_bos: str | None = None,
 ) -> list[str]:
-    """What stops `spec` (facts `facts`) from playing `role` at T = `seq_len`, and at C4's window line's T where
-    the line measures the role's model (`window_seq_len`)."""
+    """What stops `spec` (facts `facts`) from playing `role` at T = `seq_len`, at each T a claim runs it at beyond
+    that (`longer`: `ClaimModule.positions_needed`), and without a BOS token where a claim needs one (`why_bos`)."""
     fix = "give the role a shorter seq_len in the plan file, or another model"
     found = _positions_problems(role, spec, facts, "its T", seq_len, fix)
-    if window_seq_len is not None:
-        fix = "lower window_seq_len in the plan file, or give the role another model"
-        found += _positions_problems(role, spec, facts, "C4's window line's T", window_seq_len, fix)
+    for t in longer:
+        found += _positions_problems(role, spec, facts, t.which, t.seq_len, t.fix)
     window = facts.sliding_window
     if role == "sliding" and window is None:
         found.append(
@@ -255,9 +264,8 @@ def _fact_problems(
             f"sliding model {spec}: its sliding window W = {window} is not shorter than its T = {seq_len}, so the "
             f"window never acts; give the role a seq_len above {window} in the plan file"
         )
-    if role in BOS_ROLES and not facts.has_bos:
-        claim = "C5 replaces its BOS" if role == "bos" else "C6 compares its h_0 with and without a BOS"
-        found.append(f"{role} model {spec}: its tokenizer has no BOS token, and {claim}; give the role another model")
+    if why_bos is not None and not facts.has_bos:
+        found.append(f"{role} model {spec}: its tokenizer has no BOS token, and {why_bos}; give the role another model")
     return found
 
 

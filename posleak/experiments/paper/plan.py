@@ -52,9 +52,6 @@ ROLES: dict[RoleName, Role] = {
     # C5's BOS replacements and their baseline: early queries only, so no need for T > window
     "bos": Role("gemma3-270m", "gemma3-270m-bos", "gemma-bos", "gemma3-270m"),
 }
-FINGERPRINT_ROLES: tuple[RoleName, ...] = ("sliding", "standard")  # C6: the models whose first token is probed
-WINDOW_ROLES: tuple[RoleName, ...] = ("sliding", "standard")  # C4's window line: the models it measures at its T
-BOS_ROLES: tuple[RoleName, ...] = ("bos", *FINGERPRINT_ROLES)  # C5 replaces the BOS, C6 compares with and without
 
 
 def role_for(role: RoleName, model: str) -> Role:
@@ -97,14 +94,14 @@ class Plan:
     lab_seeds: tuple[int, ...]
     lab_analyze_seqs: int
     # C4's lab also trains the model with a large RoPE base, whose line is reported, not judged (it is not NTK
-    # scaling; posleak.experiments.paper.c4_lab.LAB_LINES): --quick leaves it out, for time (a third of the lab)
+    # scaling; posleak.experiments.paper.claims.c4.lab.LAB_LINES): --quick leaves it out, for time (a third of the lab)
     lab_large_base: bool
     # T at which every claim chooses sink heads (α₀ > 0.3), on the selection sample, whatever T the runs judge at:
     # α₀ is a mean over queries and falls as T grows (smollm2-135m: 219 of 270 heads at T = 32, 128–145 at 256),
     # so a threshold at each run's own T moved which heads, and which layers, count (issue 44)
     sink_seq_len: int
-    # C4's window line (posleak.experiments.paper.c4_window), judged once: the sliding model and the standard one at
-    # this T, N per sample, on this corpus. None: not measured, and C4 cannot come out consistent (--quick, for
+    # C4's window line (posleak.experiments.paper.claims.c4.window), judged once: the sliding model and the standard
+    # one at this T, N per sample, on this corpus. None: not measured, and C4 cannot come out consistent (--quick, for
     # time: its four analyses at T = 2048 would take about 15 minutes on 2 cores). "Accumulates with depth" needs
     # T ≥ 4W (docs/method.md §3: gemma3-270m's W = 512, so 2048), which the stdlib docstrings cannot give (4 and 6
     # documents per sample reach it) and the World English Bible can (20 and 21).

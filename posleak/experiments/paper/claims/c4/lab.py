@@ -12,9 +12,9 @@ from typing import Any
 
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, percent_change, seed_mean
-from posleak.experiments.paper.c1 import MIN_MAGNITUDE
 from posleak.experiments.paper.plan import Plan
 from posleak.experiments.paper.reproduction import Reproduction
+from posleak.experiments.paper.thresholds import MIN_MAGNITUDE
 from posleak.experiments.paper.verdict import Judgement, fact, judge, row
 from posleak.lab.plan import run_trials
 from posleak.lab.trainer import TrainConfig

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 
@@ -28,8 +28,10 @@ from posleak.experiments.paper.claim import (
     quote,
     rounded,
 )
-from posleak.experiments.paper.plan import SHOWN, RoleName
+from posleak.experiments.paper.plan import SHOWN, Plan, RoleName
 from posleak.experiments.paper.reproduction import SampleRuns
+from posleak.experiments.paper.requests import Request
+from posleak.experiments.paper.thresholds import BOS_BAND, BOS_TOLERANCE, PAPER_BOS_REMOVED
 from posleak.experiments.paper.verdict import (
     EVIDENCE_COLUMNS,
     JUDGED,
@@ -40,14 +42,13 @@ from posleak.experiments.paper.verdict import (
     judge,
     row,
 )
+from posleak.interventions import Interventions
 from posleak.measure.behaviour import behaviour_table
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
 from posleak.report.html import TableBlock
 
-PAPER_BOS_REMOVED = 40.0  # the paper's "about 40%" of the early residual-stream component
-BOS_TOLERANCE = 20.0  # points either side of the paper's figure that still count as meeting it
-BOS_BAND = (PAPER_BOS_REMOVED - BOS_TOLERANCE, PAPER_BOS_REMOVED + BOS_TOLERANCE)
+BOS_KINDS = ("mean", "random", "zero")  # what replaces the BOS's embedding
 # The one replacement that decides, named on 2026-12-03 (docs/method.md §13; all three had run since 2026-11-30,
 # so its interval had been seen, and the criterion is dated as revised): the vocabulary mean takes away
 # what the BOS token is while keeping an embedding of the scale and direction a token has; zeros (no input at all)
@@ -84,6 +85,15 @@ class Replacement:
     def change(self, part: str) -> Estimate:
         """Replaced − baseline magnitude, nats: roots, so the parts' do not add to the whole's."""
         return self.replaced[part].minus(self.baseline[part])
+
+
+def _bos_key(kind: str) -> str:
+    return f"bos-{kind}"
+
+
+def replaced_runs(runs: SampleRuns) -> dict[str, AnalysisResult]:
+    """The BOS model under each replacement, by kind (BOS_KINDS)."""
+    return {kind: runs[_bos_key(kind)] for kind in BOS_KINDS}
 
 
 def replacement(baseline: AnalysisResult, replaced: AnalysisResult) -> Replacement:
@@ -193,6 +203,7 @@ class C5(ClaimModule):
         "early queries."
     )
     roles = ("bos",)
+    bos_needed: ClassVar[Mapping[RoleName, str]] = {"bos": "C5 replaces its BOS"}
     criterion = C5_CRITERION
     revisions = (
         REPLICATED,
@@ -224,6 +235,14 @@ class C5(ClaimModule):
             "baseline (docs/method.md §9)."
         )
 
+    @classmethod
+    def requests(cls, plan: Plan, sample: str) -> list[Request]:
+        """The BOS model with its BOS's embedding replaced by each of BOS_KINDS."""
+        folder = plan.roles["bos"].folder
+        return [
+            Request(_bos_key(kind), "bos", f"{folder}-{kind}", Interventions(replace_bos=kind)) for kind in BOS_KINDS
+        ]
+
     def compared_roles(self) -> frozenset[RoleName]:
         return frozenset({"bos"})  # the BOS replacements against the BOS baseline
 
@@ -231,11 +250,11 @@ class C5(ClaimModule):
         """Each replacement's effect on the component and on the loss, by sample and replacement (no analysis)."""
         resamples = self.repro.plan.bootstrap
         self.replacements = {
-            sample: {kind: replacement(r.bos_baseline, new) for kind, new in r.bos.items()}
+            sample: {kind: replacement(r.baseline("bos"), new) for kind, new in replaced_runs(r).items()}
             for sample, r in runs.items()
         }
         self.losses = {
-            sample: {kind: loss_change(r.bos_baseline, new, resamples) for kind, new in r.bos.items()}
+            sample: {kind: loss_change(r.baseline("bos"), new, resamples) for kind, new in replaced_runs(r).items()}
             for sample, r in runs.items()
         }
 
@@ -270,7 +289,7 @@ class C5(ClaimModule):
         ]
 
     def interventions(self, runs: SampleRuns, sample: str) -> dict[str, tuple[AnalysisResult, AnalysisResult]]:
-        return {f"replace-bos {kind}": (runs.bos_baseline, new) for kind, new in runs.bos.items()}
+        return {f"replace-bos {kind}": (runs.baseline("bos"), new) for kind, new in replaced_runs(runs).items()}
 
     def against_paper(self, judgement: Judgement, runs: SampleRuns) -> str:
         def said(kind: str) -> str:
@@ -290,7 +309,7 @@ class C5(ClaimModule):
         )
 
     def figures(self, runs: SampleRuns) -> list[Path]:
-        removed = {kind: removed_by_layer(runs.bos_baseline, new) for kind, new in runs.bos.items()}
+        removed = {kind: removed_by_layer(runs.baseline("bos"), new) for kind, new in replaced_runs(runs).items()}
         title = f"resid_early² removed by BOS replacement ({runs.roles['bos'].name}, sample {SHOWN})"
         path = self.repro.out.figure_path("c5_removed")
         return [figures.lines_by_run(removed, "removed", path, title=title, ylabel="removed (% of resid_early²)")]

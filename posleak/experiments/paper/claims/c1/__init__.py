@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from posleak.data.kinds import NullKind
 from posleak.experiments.evidence import Estimate, layer_mean, percent_change
 from posleak.experiments.paper.claim import (
     ACROSS_CORPORA,
@@ -18,12 +19,17 @@ from posleak.experiments.paper.claim import (
     ClaimModule,
     quote,
 )
-from posleak.experiments.paper.reproduction import NULL_KINDS, SampleRuns
+from posleak.experiments.paper.plan import SHOWN, Plan, RoleName
+from posleak.experiments.paper.reproduction import SampleRuns
+from posleak.experiments.paper.requests import Request
+from posleak.experiments.paper.thresholds import MIN_MAGNITUDE
 from posleak.experiments.paper.verdict import Judgement, Revision, judge, row
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
 
-MIN_MAGNITUDE = 0.05  # nats: C1, C2. A log-attention term of 0.05 nats moves attention weights by about 5%.
+BASELINE_ROLES: tuple[RoleName, ...] = ("standard", "large-base", "sliding")  # the models C1, C2 (and C4) judge
+# C1, C2: each judged magnitude beside the same on these nulls of its sequences
+NULL_KINDS: tuple[NullKind, ...] = ("shuffle", "shift")
 MEASURES = ("resid_all", "mask_all")
 # resid_all split by keys (docs/method.md §3: resid² = key0² + rest²), reported beside it: how much of the
 # residual-stream component is the column of key 0, a sink's, and how much the other keys carry
@@ -45,6 +51,34 @@ C1_CRITERION = (
     f"magnitude that the {ATTRIBUTED_NULL}d tokens keep (no word order; paired resample by resample), which the "
     f"paper's mechanism (mask, position 0, sinks: none needs order) predicts to be above {ORDERLESS_MOST:g}%."
 )
+
+
+def null_requests(plan: Plan, sample: str) -> list[Request]:
+    """Each null of the models C1 and C2 judge, at their own T and N, where the plan runs the nulls on `sample`
+    (`Plan.nulls_both_samples`)."""
+    if not (plan.nulls_both_samples or sample == SHOWN):
+        return []
+    roles = plan.roles
+    return [
+        Request(f"{roles[role].key}-{kind}", role, f"{roles[role].folder}-{kind}", null=kind)
+        for role in BASELINE_ROLES
+        for kind in NULL_KINDS
+    ]
+
+
+def baselines(runs: SampleRuns) -> dict[str, AnalysisResult]:
+    """The three pretrained models, by the label the evidence gives them (C1, C2, C4)."""
+    return {runs.roles[role].label: runs.baseline(role) for role in BASELINE_ROLES}
+
+
+def baseline_nulls(runs: SampleRuns) -> dict[str, dict[str, AnalysisResult]]:
+    """Per label of `baselines`, its model's analysis on each null of the same sequences that ran (NULL_KINDS)."""
+    return {
+        runs.roles[role].label: {
+            kind: result for kind in NULL_KINDS if (result := runs.get(f"{runs.roles[role].key}-{kind}")) is not None
+        }
+        for role in BASELINE_ROLES
+    }
 
 
 def claim_c1(
@@ -102,7 +136,7 @@ def orderless_share(label: str, text: AnalysisResult, null: AnalysisResult) -> d
 class C1(ClaimModule):
     name = "C1"
     statement = "RoPE-trained models show absolute position in their attention patterns."
-    roles = ("standard", "large-base", "sliding")
+    roles = BASELINE_ROLES
     criterion = C1_CRITERION
     revisions = (
         REPLICATED,
@@ -134,8 +168,12 @@ class C1(ClaimModule):
         "§2–3); the magnitudes averaged over layers, resid_all's key-0 column and the rest beside it."
     )
 
+    @classmethod
+    def requests(cls, plan: Plan, sample: str) -> list[Request]:
+        return null_requests(plan, sample)
+
     def judge(self, runs: SampleRuns, sample: str) -> Judgement:
-        return claim_c1(runs.baselines(), runs.baseline_nulls())
+        return claim_c1(baselines(runs), baseline_nulls(runs))
 
     def against_paper(self, judgement: Judgement, runs: SampleRuns) -> str:
         model = runs.roles["standard"].label
@@ -148,7 +186,7 @@ class C1(ClaimModule):
         )
 
     def figures(self, runs: SampleRuns) -> list[Path]:
-        models = {label: result.per_layer for label, result in runs.baselines().items()}
+        models = {label: result.per_layer for label, result in baselines(runs).items()}
         return [
             figures.lines_by_run(
                 models,

@@ -25,15 +25,17 @@ from typing import Any
 import pandas as pd
 
 from posleak.experiments.evidence import Estimate, depth_slope
-from posleak.experiments.paper.c4_lab import SLOPE_UNIT
-from posleak.experiments.paper.plan import SAMPLES, Plan
+from posleak.experiments.paper.claims.c4.lab import SLOPE_UNIT
+from posleak.experiments.paper.plan import SAMPLES, Plan, RoleName
 from posleak.experiments.paper.reproduction import Reproduction
+from posleak.experiments.paper.requests import LongerT, SampleNeed
 from posleak.experiments.paper.verdict import Judgement, fact, judge, replicated, row
 from posleak.pipeline import AnalysisResult
 
 WINDOW = "window"  # the part's name among the claim's parts judged once (claims.json's `once`)
 WINDOW_ROW = "(2) slope beyond the window"  # the start of the name of its deciding row
 SPANS = 4  # the line decides only where T ≥ SPANS · W (docs/method.md §3)
+WINDOW_ROLES: tuple[RoleName, ...] = ("sliding", "standard")  # the models it measures at its T
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,26 @@ class WindowComparison:
     @property
     def where(self) -> str:
         return f"i ≥ {self.window}, T = {self.seq_len}, {self.corpus}"
+
+
+def window_needs(plan: Plan) -> list[SampleNeed]:
+    """The line's draws where the plan measures it: both models at its T, on its corpus."""
+    if plan.window_seq_len is None:
+        return []
+    seq_len, num_seqs, fix = plan.window_seq_len, plan.window_num_seqs, "window_num_seqs or window_seq_len"
+    corpus = plan.window_corpus
+    return [
+        SampleNeed(f"C4's window line ({role} model)", role, seq_len, num_seqs, "auto", SAMPLES, fix, corpus)
+        for role in WINDOW_ROLES
+    ]
+
+
+def window_positions(plan: Plan) -> list[LongerT]:
+    """The line's T, which each of its models must hold, where the plan measures it."""
+    if plan.window_seq_len is None:
+        return []
+    fix = "lower window_seq_len in the plan file, or give the role another model"
+    return [LongerT(role, "C4's window line's T", plan.window_seq_len, fix) for role in WINDOW_ROLES]
 
 
 def not_measured(plan: Plan) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 import torch
@@ -24,8 +24,10 @@ import torch
 from posleak.capture import CaptureSession, ResidualCapture
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.data.batches import TokenBatch, iter_batches, without_bos
-from posleak.experiments.paper.c6_probe import (
+from posleak.experiments.paper.claim import ACROSS_CORPORA, BY_DOCUMENT, HOLM_RULE, REPLICATED, ClaimModule, quote
+from posleak.experiments.paper.claims.c6.probe import (
     CHANCE,
+    FINGERPRINT_ROLES,
     FINGERPRINT_SEQ_LEN,
     FIRST_TOKENS,
     PROBE_POSITIONS,
@@ -33,11 +35,12 @@ from posleak.experiments.paper.c6_probe import (
     IdentityProbe,
     fingerprint_models,
     measure_probe,
+    probe_needs,
     select_heads,
 )
-from posleak.experiments.paper.claim import ACROSS_CORPORA, BY_DOCUMENT, HOLM_RULE, REPLICATED, ClaimModule, quote
-from posleak.experiments.paper.plan import FINGERPRINT_ROLES, SAMPLES, SHOWN, RoleName
+from posleak.experiments.paper.plan import SAMPLES, SHOWN, Plan, RoleName
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
+from posleak.experiments.paper.requests import SampleNeed
 from posleak.experiments.paper.verdict import Judgement, Revision, fact, judge, row
 from posleak.measure.position0 import fingerprint_constancy
 from posleak.models.load import LoadedModel
@@ -131,6 +134,14 @@ class C6(ClaimModule):
         "inputs with an auto-prepended BOS, varying with the token otherwise."
     )
     roles = PROBE_ROLES
+    bos_needed: ClassVar[Mapping[RoleName, str]] = {
+        role: "C6 compares its h_0 with and without a BOS" for role in FINGERPRINT_ROLES
+    }
+
+    @classmethod
+    def sample_needs(cls, plan: Plan) -> list[SampleNeed]:
+        return probe_needs(plan)
+
     words = FIRST_TOKENS
     criterion = C6_CRITERION
     revisions = (

@@ -15,8 +15,9 @@ from transformers import PreTrainedModel
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.data.batches import TokenBatch
 from posleak.experiments.evidence import Estimate, sequence_mean
-from posleak.experiments.paper.plan import ROLE_NAMES, RoleName
-from posleak.experiments.paper.reproduction import SELECTION, Reproduction
+from posleak.experiments.paper.plan import ROLE_NAMES, SAMPLES, Plan, RoleName
+from posleak.experiments.paper.reproduction import SELECTION, Reproduction, selection_seqs
+from posleak.experiments.paper.requests import SampleNeed
 from posleak.interventions import Interventions
 from posleak.interventions.patching import source_token
 from posleak.measure.bootstrap import resampling_units
@@ -36,6 +37,23 @@ PROBE_POSITIONS = (*range(8, FINGERPRINT_SEQ_LEN - 1, 8), FINGERPRINT_SEQ_LEN - 
 IDENTITY_COLUMNS = tuple(f"{what}{end}" for what in ("accuracy", "removed", "control") for end in ("", "_lo", "_hi"))
 # the roles whose models may be probed: those whose tokenizer does not prepend a BOS (`fingerprint_models`)
 PROBE_ROLES: tuple[RoleName, ...] = ROLE_NAMES
+FINGERPRINT_ROLES: tuple[RoleName, ...] = ("sliding", "standard")  # the models whose first token is probed
+
+
+def probe_needs(plan: Plan) -> list[SampleNeed]:
+    """The probe's draws: each role's model without a BOS (any may be probed: whether its tokenizer prepends a BOS
+    is known once it is loaded), and its choice of heads on the selection sample (C3's roles share theirs with C3:
+    the same draw, checked once)."""
+    needs = []
+    for role in PROBE_ROLES:
+        what = f"C6's probe of the {role} model"
+        needs.append(
+            SampleNeed(what, role, FINGERPRINT_SEQ_LEN, plan.fingerprint_seqs, "off", SAMPLES, "fingerprint_seqs")
+        )
+        num_seqs = plan.size(role)[1]
+        what, fix = f"C6's selection of the {role} model's sink heads", f"the {role} role's num_seqs"
+        needs.append(SampleNeed(what, role, plan.sink_seq_len, selection_seqs(num_seqs), "auto", (SELECTION,), fix))
+    return needs
 
 
 @dataclass(frozen=True)

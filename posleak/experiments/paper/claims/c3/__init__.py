@@ -16,16 +16,6 @@ from typing import Any
 import pandas as pd
 
 from posleak.capture.query_stats import SINK_THRESHOLD
-from posleak.experiments.paper.c3_units import (
-    C3_ROLES,
-    MIN_CLOCK_LOWERING,
-    MIN_PATCH_LOWERING,
-    PATCH_SOURCE,
-    QUESTIONS,
-    UnitEvidence,
-    measure_units,
-    select_units,
-)
 from posleak.experiments.paper.claim import (
     ACROSS_CORPORA,
     BY_DOCUMENT,
@@ -36,8 +26,21 @@ from posleak.experiments.paper.claim import (
     quote,
     rounded,
 )
-from posleak.experiments.paper.plan import SHOWN, RoleName
+from posleak.experiments.paper.claims.c3.units import (
+    C3_ROLES,
+    MIN_CLOCK_LOWERING,
+    MIN_PATCH_LOWERING,
+    PATCH_SOURCE,
+    QUESTIONS,
+    UnitEvidence,
+    measure_units,
+    select_units,
+    unit_analyses,
+    unit_needs,
+)
+from posleak.experiments.paper.plan import SHOWN, Plan, RoleName
 from posleak.experiments.paper.reproduction import SampleRuns
+from posleak.experiments.paper.requests import SampleNeed
 from posleak.experiments.paper.verdict import HOLM, Judgement, Revision, fact, judge
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
@@ -213,6 +216,14 @@ class C3(ClaimModule):
         "and replaced by the mean value, the zeroing in control 0, and position 0's whole trajectory replaced by "
         "that of another token (docs/method.md §9, §13)."
     )
+
+    @classmethod
+    def sample_needs(cls, plan: Plan) -> list[SampleNeed]:
+        return unit_needs(plan)
+
+    @classmethod
+    def own_analyses(cls, plan: Plan) -> int:
+        return unit_analyses(plan)
 
     def before_shared(self) -> None:
         """Every unit's baseline on the selection sample, and the heads it chose."""

@@ -22,10 +22,11 @@ from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.data.kinds import BosPolicy
 from posleak.experiments.batch import AnalysisJob
 from posleak.experiments.evidence import Estimate, percent_change
-from posleak.experiments.paper.c5 import BOS_BAND
 from posleak.experiments.paper.models import read_facts
-from posleak.experiments.paper.plan import RoleName
-from posleak.experiments.paper.reproduction import SELECTION, Reproduction, SampleRuns
+from posleak.experiments.paper.plan import SAMPLES, Plan, RoleName
+from posleak.experiments.paper.reproduction import SELECTION, Reproduction, SampleRuns, selection_seqs
+from posleak.experiments.paper.requests import SampleNeed
+from posleak.experiments.paper.thresholds import BOS_BAND
 from posleak.experiments.paper.verdict import fact, row
 from posleak.interventions import Interventions
 from posleak.pipeline import AnalysisResult, AnalyzeConfig
@@ -225,6 +226,36 @@ class Design:
             runs["ablate-control0"] = (Interventions(ablate_sink_values=head_list(self.controls[0])), self.controls[0])
             runs["patch-pos0"] = (Interventions(patch_pos0=PATCH_SOURCE), None)
         return runs
+
+
+def unit_needs(plan: Plan) -> list[SampleNeed]:
+    """The draws of C3's units: each role's baseline on the selection sample at the plan's sink_seq_len (C6 chooses
+    its heads on the same runs), and, where the plan runs C3 in both BOS settings, each without a BOS (a window of T
+    content tokens, the longer)."""
+    needs = []
+    for role in C3_ROLES:
+        seq_len, num_seqs = plan.size(role)
+        selection, sink_t, fix = selection_seqs(num_seqs), plan.sink_seq_len, f"the {role} role's num_seqs or seq_len"
+        what = f"C3's and C6's selection of the {role} model's sink heads"
+        needs.append(SampleNeed(what, role, sink_t, selection, "auto", (SELECTION,), fix))
+        if plan.c3_both_bos:
+            what = f"C3's {role} model without a BOS"
+            needs.append(SampleNeed(what, role, seq_len, num_seqs, "off", SAMPLES, fix))
+            needs.append(SampleNeed(what, role, sink_t, selection, "off", (SELECTION,), fix))
+    return needs
+
+
+def unit_analyses(plan: Plan) -> int:
+    """C3's analyses on one corpus where every unit can test C3 (sink heads, and as many non-sink heads outside the
+    last layer to match them: `Design.untestable`): on each sample each unit's runs (`Design.interventions`), and
+    each unit's baseline on the selection sample. A plan that also runs C3 in each model's other BOS setting
+    (`c3_both_bos`) adds units as each model's tokenizer allows: it is refused."""
+    if plan.c3_both_bos:
+        raise ValueError(f"plan {plan.name!r} runs C3 in the other BOS setting where a tokenizer allows: not counted")
+    head = pd.DataFrame({"layer": [0], "head": [0]})
+    design = Design(head, [head] * plan.control_draws, [0], pool=1)
+    per_unit = len(design.interventions(plan.c3_reported))
+    return len(SAMPLES) * len(C3_ROLES) * per_unit + len(C3_ROLES)
 
 
 def unit_config(repro: Reproduction, unit: Unit) -> AnalyzeConfig:
