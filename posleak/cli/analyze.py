@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from posleak.data.kinds import BOS_POLICIES, GRIDS, NULLS
 from posleak.device import DEVICE_MAPS, DEVICES, DTYPES, Placement
-from posleak.experiments.paper.plan import FULL, QUICK, Plan
+from posleak.experiments.paper.claims.plans import FULL, QUICK
+from posleak.experiments.paper.plan import Plan
 from posleak.interventions.registry import option_defaults, registered_options
 from posleak.runner import BACKENDS
 from posleak.store.jsonfile import dumps
@@ -99,10 +100,10 @@ def _add_paper_parser(sub: argparse._SubParsersAction) -> None:
 
 def plan_sizes(plan: Plan) -> str:
     """A plan's sizes for its --help line, from the plan itself (its analyses and time: docs/performance.md)."""
-    sliding_len, sliding_seqs = plan.size("sliding")
+    (seq_len, num_seqs), (sliding_len, sliding_seqs) = plan.size("standard"), plan.size("sliding")
     return (
-        f"N = {plan.num_seqs} documents per sample at T = {plan.seq_len} ({sliding_seqs} at T = {sliding_len} for "
-        f"the sliding role), {plan.bootstrap} resamples, C4's lab at {len(plan.lab_seeds)} seeds of {plan.lab_steps} "
+        f"N = {num_seqs} documents per sample at T = {seq_len} ({sliding_seqs} at T = {sliding_len} for "
+        f"the sliding role), {plan.bootstrap} resamples, C4's lab at {len(plan.lab.seeds)} seeds of {plan.lab.steps} "
         f"steps, on {' and '.join(plan.corpora)} (its analyses and time: docs/performance.md)"
     )
 

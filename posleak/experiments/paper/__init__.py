@@ -24,15 +24,16 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from posleak.experiments.paper.claims.plans import FULL, QUICK
     from posleak.experiments.paper.models import paper_plan
-    from posleak.experiments.paper.plan import FULL, QUICK, Plan
+    from posleak.experiments.paper.plan import Plan
     from posleak.experiments.paper.run import reproduce
 
 # name → the module that defines it, imported on first use: `posleak paper --help` states the plans' sizes from
-# plan.py without the reproduction's imports (torch, pandas: seconds)
+# claims/plans.py without the reproduction's imports (torch, pandas: seconds)
 _EXPORTS = {
-    "FULL": "posleak.experiments.paper.plan",
-    "QUICK": "posleak.experiments.paper.plan",
+    "FULL": "posleak.experiments.paper.claims.plans",
+    "QUICK": "posleak.experiments.paper.claims.plans",
     "Plan": "posleak.experiments.paper.plan",
     "paper_plan": "posleak.experiments.paper.models",
     "reproduce": "posleak.experiments.paper.run",

@@ -3,7 +3,7 @@ the benchmarks that state these counts (docs/performance.md, benchmarks/bench_sc
 
 from __future__ import annotations
 
-from posleak.experiments.paper.claims import CLAIMS
+from posleak.experiments.paper.claims.registry import CLAIMS
 from posleak.experiments.paper.plan import SAMPLES, Plan
 from posleak.experiments.paper.reproduction import shared_requests
 

@@ -22,10 +22,10 @@ import pandas as pd
 from posleak.errors import BadInput
 from posleak.experiments.batch import safe_name
 from posleak.experiments.paper.claim import ClaimModule
-from posleak.experiments.paper.claims import CLAIMS
+from posleak.experiments.paper.claims.plans import QUICK
+from posleak.experiments.paper.claims.registry import CLAIMS
 from posleak.experiments.paper.corpora import CORPORA
 from posleak.experiments.paper.effects import POOLED, POOLED_NOTE, PROJECTION_NOTE, pooled_table, projection_table
-from posleak.experiments.paper.plan import QUICK
 from posleak.experiments.paper.verdict import (
     SAYS,
     Claim,

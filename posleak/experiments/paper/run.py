@@ -9,11 +9,12 @@ from pathlib import Path
 from posleak.errors import BadInput
 from posleak.experiments.paper.behaviour import behaviour_block, behaviour_tables
 from posleak.experiments.paper.claim import ClaimModule
-from posleak.experiments.paper.claims import CLAIMS
+from posleak.experiments.paper.claims.plans import QUICK
+from posleak.experiments.paper.claims.registry import CLAIMS
 from posleak.experiments.paper.corpora import corpus_folder, corpus_problems, side_by_side
 from posleak.experiments.paper.effects import add_effects
 from posleak.experiments.paper.models import role_problems, role_tokenizers, word_problems
-from posleak.experiments.paper.plan import QUICK, SAMPLES, SHOWN, Plan, RoleName
+from posleak.experiments.paper.plan import SAMPLES, SHOWN, Plan, RoleName
 from posleak.experiments.paper.report import write_outputs, write_top
 from posleak.experiments.paper.reproduction import SELECTION, Reproduction, SampleRuns, run_shared
 from posleak.experiments.paper.samples import document_problems

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from posleak.data.batches import part_documents, pos0_token, token_lengths
 from posleak.data.corpus import load_corpus
-from posleak.experiments.paper.claims import CLAIMS
+from posleak.experiments.paper.claims.registry import CLAIMS
 from posleak.experiments.paper.plan import ROLE_NAMES, SAMPLES, Plan
 from posleak.experiments.paper.reproduction import PARTS, analysis_config
 from posleak.experiments.paper.requests import SampleNeed

@@ -1,16 +1,5 @@
-"""The registry of the reproduction's claims, in claim order: one line per claim, each a package of its own.
-
-Adding a claim is one package (its `ClaimModule`, requests, options and criterion) and one line here.
+"""The claims of the reproduction, one package each (c1 … c6: the claim in claim.py, its options in options.py
+where it has any), the registry of them in claim order (registry.py) and the plans that give each its options
+(plans.py: QUICK and FULL). A package's own __init__ imports nothing, so that a plan's options are read without the
+claims' imports (torch, pandas), as `posleak paper --help` does.
 """
-
-from __future__ import annotations
-
-from posleak.experiments.paper.claim import ClaimModule
-from posleak.experiments.paper.claims.c1 import C1
-from posleak.experiments.paper.claims.c2 import C2
-from posleak.experiments.paper.claims.c3 import C3
-from posleak.experiments.paper.claims.c4 import C4
-from posleak.experiments.paper.claims.c5 import C5
-from posleak.experiments.paper.claims.c6 import C6
-
-CLAIMS: tuple[type[ClaimModule], ...] = (C1, C2, C3, C4, C5, C6)

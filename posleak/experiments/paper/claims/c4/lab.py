@@ -12,6 +12,7 @@ from typing import Any
 
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, percent_change, seed_mean
+from posleak.experiments.paper.claims.c4.options import C4Options
 from posleak.experiments.paper.plan import Plan
 from posleak.experiments.paper.reproduction import Reproduction
 from posleak.experiments.paper.thresholds import MIN_MAGNITUDE
@@ -196,15 +197,15 @@ def lab_trials(plan: Plan) -> list[Trial]:
     large base (θ·K^(D/(D−2)) from the start, K the largest NTK factor), same data, steps and seeds; each analysed,
     and the RoPE-trained one analysed again under NTK scaling ×K at inference (the same weights, `Trial.train_key`:
     no training)."""
-    factor = max(plan.ntk_factors)
+    factor = max(plan.option(C4Options).ntk_factors)
     rope = LabSpec(size="deep")
     specs = {
         "rope": rope,
-        "window": LabSpec(size="deep", attention=f"window:{plan.lab_seq_len // 4}"),
+        "window": LabSpec(size="deep", attention=f"window:{plan.lab.seq_len // 4}"),
         "large-base": LabSpec(size="deep", rope_scaling=f"ntk:{factor:g}"),
         "ntk": rope,
     }
-    if not plan.lab_large_base:  # reported, not judged (LAB_LINES): --quick leaves it out, for time
+    if not plan.option(C4Options).lab_large_base:  # reported, not judged (LAB_LINES): --quick leaves it out, for time
         del specs["large-base"]
     # the lab model's NTK scaling at inference: the formula of the rope_scaling intervention (θ·K^(D/(D−2)))
     overrides = {"ntk": (("rope_scale_kind", "ntk"), ("rope_factor", factor))}
@@ -212,18 +213,18 @@ def lab_trials(plan: Plan) -> list[Trial]:
     evaluation = EvalConfig(
         length_multiples=(1,),
         probe_seqs=8,
-        analyze_seqs=plan.lab_analyze_seqs,
+        analyze_seqs=plan.lab.analyze_seqs,
         bootstrap=plan.bootstrap,
-        beyond=plan.lab_seq_len // 4,
+        beyond=plan.lab.seq_len // 4,
     )
-    steps = plan.lab_steps
+    steps = plan.lab.steps
     return [
         Trial(
             variant,
             spec,
             TrainConfig(
                 steps=steps,
-                seq_len=plan.lab_seq_len,
+                seq_len=plan.lab.seq_len,
                 seed=seed,
                 device=plan.placement.device if plan.placement.device_map is None else "auto",
                 # TrainConfig's schedule (50, 100, 200), shortened for fewer steps
@@ -235,5 +236,5 @@ def lab_trials(plan: Plan) -> list[Trial]:
             overrides.get(variant, ()),
         )
         for variant, spec in specs.items()
-        for seed in plan.lab_seeds
+        for seed in plan.lab.seeds
     ]

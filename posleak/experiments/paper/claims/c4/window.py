@@ -26,6 +26,7 @@ import pandas as pd
 
 from posleak.experiments.evidence import Estimate, depth_slope
 from posleak.experiments.paper.claims.c4.lab import SLOPE_UNIT
+from posleak.experiments.paper.claims.c4.options import C4Options
 from posleak.experiments.paper.plan import SAMPLES, Plan, RoleName
 from posleak.experiments.paper.reproduction import Reproduction
 from posleak.experiments.paper.requests import LongerT, SampleNeed
@@ -78,22 +79,25 @@ class WindowComparison:
 
 def window_needs(plan: Plan) -> list[SampleNeed]:
     """The line's draws where the plan measures it: both models at its T, on its corpus."""
-    if plan.window_seq_len is None:
+    options = plan.option(C4Options)
+    if options.window_seq_len is None:
         return []
-    seq_len, num_seqs, fix = plan.window_seq_len, plan.window_num_seqs, "window_num_seqs or window_seq_len"
-    corpus = plan.window_corpus
+    seq_len, num_seqs, fix = options.window_seq_len, options.window_num_seqs, "window_num_seqs or window_seq_len"
     return [
-        SampleNeed(f"C4's window line ({role} model)", role, seq_len, num_seqs, "auto", SAMPLES, fix, corpus)
+        SampleNeed(
+            f"C4's window line ({role} model)", role, seq_len, num_seqs, "auto", SAMPLES, fix, options.window_corpus
+        )
         for role in WINDOW_ROLES
     ]
 
 
 def window_positions(plan: Plan) -> list[LongerT]:
     """The line's T, which each of its models must hold, where the plan measures it."""
-    if plan.window_seq_len is None:
+    seq_len = plan.option(C4Options).window_seq_len
+    if seq_len is None:
         return []
     fix = "lower window_seq_len in the plan file, or give the role another model"
-    return [LongerT(role, "C4's window line's T", plan.window_seq_len, fix) for role in WINDOW_ROLES]
+    return [LongerT(role, "C4's window line's T", seq_len, fix) for role in WINDOW_ROLES]
 
 
 def not_measured(plan: Plan) -> str:
@@ -110,10 +114,11 @@ def window_runs(repro: Reproduction) -> dict[str, tuple[AnalysisResult, Analysis
     not measure the line or the sliding model has no window shorter than that T. Both without next-token scores:
     they are compared by their magnitudes only."""
     plan = repro.plan
-    if plan.window_seq_len is None:
+    options = plan.option(C4Options)
+    if options.window_seq_len is None:
         return {}
     root = repro.shared / WINDOW
-    sizes = {"seq_len": plan.window_seq_len, "num_seqs": plan.window_num_seqs, "corpus": plan.window_corpus}
+    sizes = {"seq_len": options.window_seq_len, "num_seqs": options.window_num_seqs, "corpus": options.window_corpus}
     sliding_role, standard_role = plan.roles["sliding"], plan.roles["standard"]
     config = repro.config("sliding", **sizes, scores=False)
     jobs = [repro.job(sliding_role.folder, sliding_role.model, config, s, root) for s in SAMPLES]

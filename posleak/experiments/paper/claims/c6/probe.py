@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.data.batches import TokenBatch
 from posleak.experiments.evidence import Estimate, sequence_mean
+from posleak.experiments.paper.claims.c6.options import C6Options
 from posleak.experiments.paper.plan import ROLE_NAMES, SAMPLES, Plan, RoleName
 from posleak.experiments.paper.reproduction import SELECTION, Reproduction, selection_seqs
 from posleak.experiments.paper.requests import SampleNeed
@@ -44,12 +45,10 @@ def probe_needs(plan: Plan) -> list[SampleNeed]:
     """The probe's draws: each role's model without a BOS (any may be probed: whether its tokenizer prepends a BOS
     is known once it is loaded), and its choice of heads on the selection sample (C3's roles share theirs with C3:
     the same draw, checked once)."""
-    needs = []
+    needs, probed = [], plan.option(C6Options).fingerprint_seqs
     for role in PROBE_ROLES:
         what = f"C6's probe of the {role} model"
-        needs.append(
-            SampleNeed(what, role, FINGERPRINT_SEQ_LEN, plan.fingerprint_seqs, "off", SAMPLES, "fingerprint_seqs")
-        )
+        needs.append(SampleNeed(what, role, FINGERPRINT_SEQ_LEN, probed, "off", SAMPLES, "fingerprint_seqs"))
         num_seqs = plan.size(role)[1]
         what, fix = f"C6's selection of the {role} model's sink heads", f"the {role} role's num_seqs"
         needs.append(SampleNeed(what, role, plan.sink_seq_len, selection_seqs(num_seqs), "auto", (SELECTION,), fix))
@@ -208,7 +207,9 @@ def _probe_inputs(
     first tokens' ids and the config that drew them."""
     model = repro.plan.roles[role].model
     loaded = repro.model(model)
-    config = repro.config(role, seq_len=FINGERPRINT_SEQ_LEN, num_seqs=repro.plan.fingerprint_seqs, bos="off")
+    config = repro.config(
+        role, seq_len=FINGERPRINT_SEQ_LEN, num_seqs=repro.plan.option(C6Options).fingerprint_seqs, bos="off"
+    )
     vocab = loaded.facts.vocab_size
     candidates = [source_token(loaded.tokenizer, word, vocab, "C6's first token") for word in FIRST_TOKENS]
     return loaded, repro.sample(model, config, sample), candidates, config
