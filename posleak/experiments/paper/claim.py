@@ -24,7 +24,7 @@ import pandas as pd
 from posleak.experiments.paper.plan import Plan, RoleName
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
 from posleak.experiments.paper.requests import LongerT, Request, SampleNeed
-from posleak.experiments.paper.verdict import HOLM, Judgement, Revision, quoted
+from posleak.experiments.paper.verdict import HOLM, Judgement, Revision, estimate_text
 from posleak.pipeline import AnalysisResult
 from posleak.report.html import TableBlock
 
@@ -153,9 +153,9 @@ class ClaimModule(ABC):
         """This claim's figures of sample A, written into the run folder."""
 
 
-def quote(judgement: Judgement, evidence: str) -> str:
+def evidence_text(judgement: Judgement, evidence: str) -> str:
     """A row of evidence for a sentence: its value, unit and interval."""
-    return quoted(judgement.evidence.set_index("evidence").loc[evidence])
+    return estimate_text(judgement.evidence.set_index("evidence").loc[evidence])
 
 
 def rounded(table: pd.DataFrame) -> pd.DataFrame:

@@ -32,8 +32,8 @@ from posleak.experiments.paper.verdict import (
     Judgement,
     Revision,
     criterion_text,
+    estimate_text,
     once_verdict,
-    quoted,
     revised,
 )
 from posleak.store import atomic_write
@@ -90,7 +90,7 @@ def _rows(claim: Claim, names: Sequence[str]) -> str:
             if not rows.empty:
                 e = rows.iloc[0]
                 mark = "" if e["says"] == SAYS[judgement.verdict] else f", {e['says']}"
-                values.append(f"{sample}: {quoted(e)}{mark}")
+                values.append(f"{sample}: {estimate_text(e)}{mark}")
         parts.append(f"{name}: {'; '.join(values)}")
     return "<br>".join(parts).replace("|", "\\|")
 

@@ -70,7 +70,7 @@ def _reproduce_on(repro: Reproduction, claims: Sequence[type[ClaimModule]]) -> l
     runs = run_shared(repro, claims, frozenset().union(*(module.compared_roles() for module in modules)))
     for module in modules:
         module.measure(runs)
-    claims = judged(repro, modules, runs)
+    claims = judged_claims(repro, modules, runs)
     add_effects(claims)
     write_outputs(repro, claims, runs)
     return claims
@@ -100,7 +100,7 @@ def claim_words() -> dict[RoleName, list[str]]:
     return words
 
 
-def judged(repro: Reproduction, modules: Sequence[ClaimModule], runs: Mapping[str, SampleRuns]) -> list[Claim]:
+def judged_claims(repro: Reproduction, modules: Sequence[ClaimModule], runs: Mapping[str, SampleRuns]) -> list[Claim]:
     """Every claim judged on each sample, with its tables (written per sample, shown for sample A), its effect on
     the loss, the sentence against the paper and its figures."""
     claims = [

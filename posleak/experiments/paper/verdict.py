@@ -229,7 +229,7 @@ def _beyond(e: Mapping[str, Any]) -> float:
     return min(abs(lo - threshold), abs(hi - threshold)) / scale if scale > 0 else 0.0
 
 
-def quoted(e: Mapping[str, Any]) -> str:
+def estimate_text(e: Mapping[str, Any]) -> str:
     """A row of evidence for a sentence: its value, unit and interval."""
     interval = "" if pd.isna(e["lo"]) else f" ({e['lo']:.3g} to {e['hi']:.3g})"
     return f"{e['value']:.4g}{' ' + e['unit'] if e['unit'] else ''}{interval}"
@@ -273,7 +273,7 @@ def with_once(samples: Verdict, once: Mapping[str, Judgement], required: Sequenc
     return "not consistent" if "not consistent" in verdicts else "inconclusive"
 
 
-def row(
+def evidence_row(
     evidence: str, estimate: Estimate, threshold: float, direction: Direction, unit: str, deciding: bool = True
 ) -> dict[str, Any]:
     lo, hi = estimate.interval
@@ -284,7 +284,7 @@ def row(
     return {**dict(zip(EVIDENCE_COLUMNS, values, strict=True)), JUDGED: Judged(estimate, ((threshold, direction),))}
 
 
-def fact(
+def fact_row(
     evidence: str, value: float, holds: bool, fails: bool, threshold: str, unit: str = "", deciding: bool = True
 ) -> dict[str, Any]:
     """A row without an interval, for a property computed exactly (the closed system): it supports the

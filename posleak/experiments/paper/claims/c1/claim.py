@@ -17,14 +17,14 @@ from posleak.experiments.paper.claim import (
     REPLICATED,
     ROWS_ESTIMAND,
     ClaimModule,
-    quote,
+    evidence_text,
 )
 from posleak.experiments.paper.claims.c1.options import C1Options
 from posleak.experiments.paper.plan import SHOWN, Plan, RoleName
 from posleak.experiments.paper.reproduction import SampleRuns
 from posleak.experiments.paper.requests import Request
 from posleak.experiments.paper.thresholds import MIN_MAGNITUDE
-from posleak.experiments.paper.verdict import Judgement, Revision, judge, row
+from posleak.experiments.paper.verdict import Judgement, Revision, evidence_row, judge
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
 
@@ -92,7 +92,7 @@ def claim_c1(
         own = (nulls or {}).get(label, {})
         for measure in MEASURES:
             estimate = layer_mean(result, measure)
-            rows.append(row(f"{label}: {measure}", estimate, MIN_MAGNITUDE, "above", "nats"))
+            rows.append(evidence_row(f"{label}: {measure}", estimate, MIN_MAGNITUDE, "above", "nats"))
             rows += key_rows(label, measure, result) + null_rows(label, measure, own)
         if ATTRIBUTED_NULL in own:
             rows.append(orderless_share(label, result, own[ATTRIBUTED_NULL]))
@@ -103,7 +103,7 @@ def key_rows(label: str, measure: str, result: AnalysisResult) -> list[dict[str,
     """A residual-stream magnitude's key-0 column and the rest (layer means), reported (not deciding); none for
     the mask's, which has no such split, or for a run whose tables lack the split (written before it)."""
     return [
-        row(
+        evidence_row(
             f"{label}: {measure}, {what}",
             layer_mean(result, f"{measure}_{part}"),
             MIN_MAGNITUDE,
@@ -119,7 +119,9 @@ def key_rows(label: str, measure: str, result: AnalysisResult) -> list[dict[str,
 def null_rows(label: str, measure: str, nulls: Mapping[str, AnalysisResult]) -> list[dict[str, Any]]:
     """The magnitude `measure` on each null of the model's sequences, reported (not deciding)."""
     return [
-        row(f"{label}: {measure}, {kind} null", layer_mean(nulls[kind], measure), MIN_MAGNITUDE, "above", "nats", False)
+        evidence_row(
+            f"{label}: {measure}, {kind} null", layer_mean(nulls[kind], measure), MIN_MAGNITUDE, "above", "nats", False
+        )
         for kind in NULL_KINDS
         if kind in nulls
     ]
@@ -131,7 +133,7 @@ def orderless_share(label: str, text: AnalysisResult, null: AnalysisResult) -> d
     change = percent_change(text, null, "resid_all")
     share = Estimate(100 + change.value, 100 + change.samples, change.units)
     name = f"{label}: resid_all kept without word order ({ATTRIBUTED_NULL} / text)"
-    return row(name, share, ORDERLESS_MOST, "above", "%", deciding=False)
+    return evidence_row(name, share, ORDERLESS_MOST, "above", "%", deciding=False)
 
 
 class C1(ClaimModule):
@@ -179,11 +181,13 @@ class C1(ClaimModule):
     def against_paper(self, judgement: Judgement, runs: SampleRuns) -> str:
         model = runs.roles["standard"].label
         kept = judgement.evidence["evidence"][judgement.evidence["evidence"].str.startswith(f"{model}: resid_all kept")]
-        share = f"; with its tokens shuffled {quote(judgement, kept.iloc[0])} of it remains" if len(kept) else ""
+        share = (
+            f"; with its tokens shuffled {evidence_text(judgement, kept.iloc[0])} of it remains" if len(kept) else ""
+        )
         return (
             "The paper finds absolute position in the attention of RoPE models; here the residual-stream "
-            f"magnitude is {quote(judgement, f'{model}: resid_all')} in {model} and the causal-mask one "
-            f"{quote(judgement, f'{model}: mask_all')}{share}."
+            f"magnitude is {evidence_text(judgement, f'{model}: resid_all')} in {model} and the causal-mask one "
+            f"{evidence_text(judgement, f'{model}: mask_all')}{share}."
         )
 
     def figures(self, runs: SampleRuns) -> list[Path]:

@@ -13,14 +13,14 @@ from posleak.experiments.paper.claim import (
     REPLICATED,
     ROWS_ESTIMAND,
     ClaimModule,
-    quote,
+    evidence_text,
 )
 from posleak.experiments.paper.claims.c1.claim import baseline_nulls, baselines, null_requests, null_rows
 from posleak.experiments.paper.plan import Plan
 from posleak.experiments.paper.reproduction import SampleRuns
 from posleak.experiments.paper.requests import Request
 from posleak.experiments.paper.thresholds import MIN_MAGNITUDE
-from posleak.experiments.paper.verdict import Judgement, Revision, judge, row
+from posleak.experiments.paper.verdict import Judgement, Revision, evidence_row, judge
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
 
@@ -40,7 +40,7 @@ def claim_c2(
     rows = []
     for label, result in models.items():
         estimate = layer_mean(result, "mask_early")
-        rows.append(row(f"{label}: mask_early", estimate, MIN_MAGNITUDE, "above", "nats"))
+        rows.append(evidence_row(f"{label}: mask_early", estimate, MIN_MAGNITUDE, "above", "nats"))
         rows += null_rows(label, "mask_early", (nulls or {}).get(label, {}))
     return judge(rows)
 
@@ -82,7 +82,7 @@ class C2(ClaimModule):
         model = runs.roles["standard"].label
         return (
             "The paper traces one source to the causal mask's denominator; here its early-query magnitude is "
-            f"{quote(judgement, f'{model}: mask_early')} in {model}."
+            f"{evidence_text(judgement, f'{model}: mask_early')} in {model}."
         )
 
     def figures(self, runs: SampleRuns) -> list[Path]:

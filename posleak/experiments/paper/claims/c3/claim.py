@@ -23,7 +23,7 @@ from posleak.experiments.paper.claim import (
     REPLICATED,
     ROWS_ESTIMAND,
     ClaimModule,
-    quote,
+    evidence_text,
     rounded,
 )
 from posleak.experiments.paper.claims.c3.units import (
@@ -41,7 +41,7 @@ from posleak.experiments.paper.claims.c3.units import (
 from posleak.experiments.paper.plan import SHOWN, Plan, RoleName
 from posleak.experiments.paper.reproduction import SampleRuns
 from posleak.experiments.paper.requests import SampleNeed
-from posleak.experiments.paper.verdict import HOLM, Judgement, Revision, fact, judge
+from posleak.experiments.paper.verdict import HOLM, Judgement, Revision, fact_row, judge
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
 from posleak.report.html import TableBlock, Verdict
@@ -114,7 +114,7 @@ def claim_c3(closed: Mapping[str, float], units: UnitRows) -> Judgement:
     units (docs/method.md §13); question (b)'s rows read as reported in the claim's evidence: they decide (b)
     (`question_verdicts`, `over_units`), not the claim."""
     spread = max(closed.values())
-    closed_row = fact(
+    closed_row = fact_row(
         "closed system: largest relative spread of h_0",
         spread,
         spread <= CLOSED_HOLDS,
@@ -304,7 +304,7 @@ class C3(ClaimModule):
         units = self.evidence[SHOWN]
         changes = {
             q.key: "; ".join(
-                f"{label}, {len(u.design.sinks)} sink heads: {quote(judgement, f'{label}: {q.deciding}')}"
+                f"{label}, {len(u.design.sinks)} sink heads: {evidence_text(judgement, f'{label}: {q.deciding}')}"
                 for label, u in units.items()
                 if u.runs
             )

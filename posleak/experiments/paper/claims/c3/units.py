@@ -35,7 +35,7 @@ from posleak.experiments.paper.plan import SAMPLES, Plan, RoleName
 from posleak.experiments.paper.reproduction import SELECTION, Reproduction, SampleRuns, selection_seqs
 from posleak.experiments.paper.requests import SampleNeed
 from posleak.experiments.paper.thresholds import BOS_BAND
-from posleak.experiments.paper.verdict import fact, row
+from posleak.experiments.paper.verdict import evidence_row, fact_row
 from posleak.interventions import Interventions
 from posleak.pipeline import AnalysisResult, AnalyzeConfig
 
@@ -274,7 +274,7 @@ def unit_rows(
     position-0 patch are reported with (b), whose question of what is read at key 0 they widen."""
     if untestable is not None:  # reported, deciding nothing: the unit is left out of each question (c3.over_units)
         return {
-            q.key: [fact(f"{label}: ({q.key}) {untestable}", 0, False, False, "a matched control", deciding=False)]
+            q.key: [fact_row(f"{label}: ({q.key}) {untestable}", 0, False, False, "a matched control", deciding=False)]
             for q in QUESTIONS
         }
     rows = {q.key: question_rows(label, q, changes) for q in QUESTIONS}
@@ -296,18 +296,18 @@ def question_rows(label: str, question: Question, changes: Mapping[str, Estimate
     of each control (paired difference below 0); each control's own change, reported."""
     name = f"{label}: ({question.key}) {question.what}"
     sinks = changes[f"{question.run}-sinks"]
-    rows = [row(f"{label}: {question.deciding}", sinks, -question.lowering, "below", "%")]
+    rows = [evidence_row(f"{label}: {question.deciding}", sinks, -question.lowering, "below", "%")]
     for k in range(len(changes)):
         if (control := changes.get(f"{question.run}-control{k}")) is not None:
             rows += [
-                row(f"{name} − control {k}", sinks.minus(control), 0.0, "below", "% points"),
+                evidence_row(f"{name} − control {k}", sinks.minus(control), 0.0, "below", "% points"),
                 _reported(f"{name} of control {k}: change", control, question.lowering),
             ]
     return rows
 
 
 def _reported(evidence: str, change: Estimate, lowering: float) -> dict[str, Any]:
-    return row(evidence, change, -lowering, "below", "%", deciding=False)
+    return evidence_row(evidence, change, -lowering, "below", "%", deciding=False)
 
 
 @dataclass(frozen=True)

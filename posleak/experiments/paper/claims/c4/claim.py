@@ -31,7 +31,7 @@ from posleak.experiments.paper.claim import (
     REPLICATED,
     ROWS_ESTIMAND,
     ClaimModule,
-    quote,
+    evidence_text,
     rounded,
 )
 from posleak.experiments.paper.claims.c1.claim import baselines
@@ -61,7 +61,7 @@ from posleak.experiments.paper.plan import SAMPLES, SHOWN, Plan, RoleName
 from posleak.experiments.paper.reproduction import SampleRuns
 from posleak.experiments.paper.requests import LongerT, Request, SampleNeed
 from posleak.experiments.paper.thresholds import MIN_MAGNITUDE
-from posleak.experiments.paper.verdict import Judgement, Revision, judge, row
+from posleak.experiments.paper.verdict import Judgement, Revision, evidence_row, judge
 from posleak.interventions import Interventions
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
@@ -100,10 +100,12 @@ def claim_c4(
     posleak.experiments.paper.claims.c4.window). `ntk_change`: % change of resid_all under the largest NTK factor;
     `slopes`: resid_all slope against relative depth of "standard" and "ntk" (paired); `reported`: further slopes
     shown beside the evidence (the sliding model on all queries, a model trained with a large base), not judged."""
-    rows = [row("(1) NTK at inference: change of resid_all", ntk_change, -MIN_NTK_LOWERING, "below", "%")]
-    rows.append(row("(2) slope: standard − NTK", slopes["standard"].minus(slopes["ntk"]), 0.0, "above", SLOPE_UNIT))
+    rows = [evidence_row("(1) NTK at inference: change of resid_all", ntk_change, -MIN_NTK_LOWERING, "below", "%")]
+    rows.append(
+        evidence_row("(2) slope: standard − NTK", slopes["standard"].minus(slopes["ntk"]), 0.0, "above", SLOPE_UNIT)
+    )
     for name, estimate in {**slopes, **(reported or {})}.items():
-        rows.append(row(f"slope: {name}", estimate, 0.0, "above", SLOPE_UNIT, deciding=False))
+        rows.append(evidence_row(f"slope: {name}", estimate, 0.0, "above", SLOPE_UNIT, deciding=False))
     return judge(rows)
 
 
@@ -283,9 +285,10 @@ class C4(ClaimModule):
         return {f"ntk:{k:g}": (runs.baseline("standard"), run) for k, run in self._ntk(runs).items()}
 
     def against_paper(self, judgement: Judgement, runs: SampleRuns) -> str:
+        ntk = evidence_text(judgement, "(1) NTK at inference: change of resid_all")
         return (
             "The paper reports NTK suppressing the residual-stream component and sliding windows accumulating it; "
-            f"here NTK scaling changes it by {quote(judgement, '(1) NTK at inference: change of resid_all')}, and "
+            f"here NTK scaling changes it by {ntk}, and "
             f"beyond the window, the slope of the sliding-window model minus the standard one is "
             f"{self._window_quote()}."
         )
@@ -297,7 +300,9 @@ class C4(ClaimModule):
         names = judgement.evidence["evidence"]
         if not self.window:
             return names.iloc[0].removeprefix(f"{WINDOW_ROW}: ")
-        return "; ".join(f"{name.split(': ')[0]}: {quote(judgement, name)}" for name in names if WINDOW_ROW in name)
+        return "; ".join(
+            f"{name.split(': ')[0]}: {evidence_text(judgement, name)}" for name in names if WINDOW_ROW in name
+        )
 
     def figures(self, runs: SampleRuns) -> list[Path]:
         out = self.repro.out

@@ -16,7 +16,7 @@ from posleak.experiments.paper.claims.c4.options import C4Options
 from posleak.experiments.paper.plan import Plan
 from posleak.experiments.paper.reproduction import Reproduction
 from posleak.experiments.paper.thresholds import MIN_MAGNITUDE
-from posleak.experiments.paper.verdict import Judgement, fact, judge, row
+from posleak.experiments.paper.verdict import Judgement, evidence_row, fact_row, judge
 from posleak.lab.plan import run_trials
 from posleak.lab.trainer import TrainConfig
 from posleak.lab.trial import EvalConfig, Trial, trial_folder
@@ -135,32 +135,36 @@ def claim_c4_lab(lab: LabRuns) -> Judgement:
     untestable = lab.untestable()
     rows = [*_testability_rows(lab)]
     for line, why in untestable.items():
-        rows.append(fact(f"lab {line} line: untestable ({'; '.join(why)})", 0, False, False, TO_TEST, deciding=False))
+        rows.append(
+            fact_row(f"lab {line} line: untestable ({'; '.join(why)})", 0, False, False, TO_TEST, deciding=False)
+        )
     for (high, low), measure in COMPARED.items():
         where = " beyond the window" if measure == "resid_beyond" else ""
         change = lab.slope(high, measure).minus(lab.slope(low, measure))
         deciding = COMPARED_LINE[(high, low)] not in untestable
         name = f"(3) lab slope{where}: {LABEL[high]} − {LABEL[low]}"
-        difference = row(name, change, 0.0, "above", SLOPE_UNIT, deciding=deciding)
+        difference = evidence_row(name, change, 0.0, "above", SLOPE_UNIT, deciding=deciding)
         if difference["says"] == "supports" and not lab.seeds_ordered(high, low, measure):
             difference["says"] = "unclear"  # the seed means agree, single seeds do not
         rows.append(difference)
     ntk = lab.level_change("ntk", "rope")
     deciding = "NTK at inference" not in untestable
     name = "(4) lab: NTK at inference against none, resid_all"
-    rows.append(row(name, ntk, -MIN_NTK_LOWERING, "below", "%", deciding))
+    rows.append(evidence_row(name, ntk, -MIN_NTK_LOWERING, "below", "%", deciding))
     if "large-base" in lab.runs:
         large = lab.slope("rope").minus(lab.slope("large-base"))
-        rows.append(row("lab slope: rope − large base (trained)", large, 0.0, "above", SLOPE_UNIT, deciding=False))
+        rows.append(
+            evidence_row("lab slope: rope − large base (trained)", large, 0.0, "above", SLOPE_UNIT, deciding=False)
+        )
         level = lab.level_change("large-base", "rope")
         name = "lab: large base (trained) against rope, resid_all"
-        rows.append(row(name, level, -MIN_NTK_LOWERING, "below", "%", deciding=False))
+        rows.append(evidence_row(name, level, -MIN_NTK_LOWERING, "below", "%", deciding=False))
     for variant in lab.variants():
         name = f"lab slope: {LABEL[variant]} (seed mean)"
-        rows.append(row(name, lab.slope(variant), 0.0, "above", SLOPE_UNIT, deciding=False))
+        rows.append(evidence_row(name, lab.slope(variant), 0.0, "above", SLOPE_UNIT, deciding=False))
         beyond = lab.slope(variant, "resid_beyond")
         name = f"lab slope beyond the window: {LABEL[variant]} (seed mean)"
-        rows.append(row(name, beyond, 0.0, "above", SLOPE_UNIT, deciding=False))
+        rows.append(evidence_row(name, beyond, 0.0, "above", SLOPE_UNIT, deciding=False))
     return judge(rows)
 
 
@@ -173,9 +177,9 @@ def _testability_rows(lab: LabRuns) -> list[dict[str, Any]]:
         weakest = min(tested.sinks)
         has = weakest > SINK_THRESHOLD
         name = f"lab {LABEL[variant]}: largest α₀, weakest seed"
-        rows.append(fact(name, weakest, has, not has, f"> {SINK_THRESHOLD}", deciding=False))
+        rows.append(fact_row(name, weakest, has, not has, f"> {SINK_THRESHOLD}", deciding=False))
         name = f"lab {LABEL[variant]}: resid_all (mean over layers, seed mean)"
-        rows.append(row(name, tested.resid, MIN_MAGNITUDE, "above", "nats", deciding=False))
+        rows.append(evidence_row(name, tested.resid, MIN_MAGNITUDE, "above", "nats", deciding=False))
     return rows
 
 

@@ -30,7 +30,7 @@ from posleak.experiments.paper.claims.c4.options import C4Options
 from posleak.experiments.paper.plan import SAMPLES, Plan, RoleName
 from posleak.experiments.paper.reproduction import Reproduction
 from posleak.experiments.paper.requests import LongerT, SampleNeed
-from posleak.experiments.paper.verdict import Judgement, fact, judge, replicated, row
+from posleak.experiments.paper.verdict import Judgement, evidence_row, fact_row, judge, replicated
 from posleak.pipeline import AnalysisResult
 
 WINDOW = "window"  # the part's name among the claim's parts judged once (claims.json's `once`)
@@ -138,7 +138,7 @@ def claim_window(comparisons: Mapping[str, WindowComparison], why_none: str) -> 
     slope above 0, deciding where T ≥ SPANS·W; both slopes reported. Its verdict replicates over the samples, each
     judged on its own rows (Holm's rule within them)."""
     if not comparisons:
-        row_ = fact(f"{WINDOW_ROW}: {why_none}", 0, False, False, "a measured line", deciding=False)
+        row_ = fact_row(f"{WINDOW_ROW}: {why_none}", 0, False, False, "a measured line", deciding=False)
         return judge([row_])
     judged = {sample: judge(window_rows(sample, c)) for sample, c in comparisons.items()}
     frame = pd.concat([j.evidence for j in judged.values()], ignore_index=True)
@@ -151,8 +151,10 @@ def window_rows(sample: str, window: WindowComparison) -> list[dict[str, Any]]:
     then each slope."""
     below = "" if window.wide else f"; T below {SPANS}W: reported"
     name = f"{sample}: {WINDOW_ROW} ({window.where}{below}): sliding − standard"
-    rows = [row(name, window.sliding.minus(window.standard), 0.0, "above", SLOPE_UNIT, deciding=window.wide)]
+    rows = [evidence_row(name, window.sliding.minus(window.standard), 0.0, "above", SLOPE_UNIT, deciding=window.wide)]
     sliding = f"sliding ({window.windowed} windowed layers of {window.layers})"
     for label, estimate in ((sliding, window.sliding), ("standard", window.standard)):
-        rows.append(row(f"{sample}: slope beyond the window: {label}", estimate, 0.0, "above", SLOPE_UNIT, False))
+        rows.append(
+            evidence_row(f"{sample}: slope beyond the window: {label}", estimate, 0.0, "above", SLOPE_UNIT, False)
+        )
     return rows

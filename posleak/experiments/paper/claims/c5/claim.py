@@ -25,7 +25,7 @@ from posleak.experiments.paper.claim import (
     REPLICATED,
     ROWS_ESTIMAND,
     ClaimModule,
-    quote,
+    evidence_text,
     rounded,
 )
 from posleak.experiments.paper.plan import SHOWN, Plan, RoleName
@@ -38,9 +38,9 @@ from posleak.experiments.paper.verdict import (
     Judged,
     Judgement,
     Revision,
+    evidence_row,
     exact_p,
     judge,
-    row,
 )
 from posleak.interventions import Interventions
 from posleak.measure.behaviour import behaviour_table
@@ -122,8 +122,13 @@ def claim_c5(replacements: Mapping[str, Replacement]) -> Judgement:
     for kind, effect in replacements.items():
         rows.append(_band_row(removed_name(kind), effect.removed[WHOLE], deciding=kind == DECIDING))
         parts = [part for part in KEY_PARTS if part != WHOLE]
-        rows += [row(removed_name(kind, part), effect.removed[part], 0.0, "above", "%", False) for part in parts]
-        rows += [row(change_name(kind, part), effect.change(part), 0.0, "below", "nats", False) for part in KEY_PARTS]
+        rows += [
+            evidence_row(removed_name(kind, part), effect.removed[part], 0.0, "above", "%", False) for part in parts
+        ]
+        rows += [
+            evidence_row(change_name(kind, part), effect.change(part), 0.0, "below", "nats", False)
+            for part in KEY_PARTS
+        ]
     return judge(rows)
 
 
@@ -294,9 +299,10 @@ class C5(ClaimModule):
     def against_paper(self, judgement: Judgement, runs: SampleRuns) -> str:
         def said(kind: str) -> str:
             loss = self.losses[SHOWN][kind].loc["all"]
+            key0, rest = (evidence_text(judgement, removed_name(kind, f"{WHOLE}_{part}")) for part in ("key0", "rest"))
             return (
-                f"{quote(judgement, removed_name(kind))}: {quote(judgement, removed_name(kind, f'{WHOLE}_key0'))} "
-                f"through the key-0 column and {quote(judgement, removed_name(kind, f'{WHOLE}_rest'))} through the "
+                f"{evidence_text(judgement, removed_name(kind))}: {key0} "
+                f"through the key-0 column and {rest} through the "
                 f"other keys, at {loss.change:+.3g} nats of next-token loss ({loss.change_lo:+.3g} to "
                 f"{loss.change_hi:+.3g})"
             )

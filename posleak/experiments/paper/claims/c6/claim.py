@@ -24,7 +24,14 @@ import torch
 from posleak.capture import CaptureSession, ResidualCapture
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.data.batches import TokenBatch, iter_batches, without_bos
-from posleak.experiments.paper.claim import ACROSS_CORPORA, BY_DOCUMENT, HOLM_RULE, REPLICATED, ClaimModule, quote
+from posleak.experiments.paper.claim import (
+    ACROSS_CORPORA,
+    BY_DOCUMENT,
+    HOLM_RULE,
+    REPLICATED,
+    ClaimModule,
+    evidence_text,
+)
 from posleak.experiments.paper.claims.c6.options import C6Options
 from posleak.experiments.paper.claims.c6.probe import (
     CHANCE,
@@ -42,7 +49,7 @@ from posleak.experiments.paper.claims.c6.probe import (
 from posleak.experiments.paper.plan import SAMPLES, SHOWN, Plan, RoleName
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
 from posleak.experiments.paper.requests import SampleNeed
-from posleak.experiments.paper.verdict import Judgement, Revision, fact, judge, row
+from posleak.experiments.paper.verdict import Judgement, Revision, evidence_row, fact_row, judge
 from posleak.measure.position0 import fingerprint_constancy
 from posleak.models.load import LoadedModel
 from posleak.report import figures
@@ -84,19 +91,25 @@ def claim_c6(probes: Mapping[str, IdentityProbe]) -> Judgement:
         if why is not None:
             count = sum(map(len, probe.heads.sinks.values()))
             name, threshold = f"{label}: untestable: {why}", "≥ 1, 1 control each"
-            rows.append(fact(name, count, False, False, threshold, "sink heads", deciding=False))
+            rows.append(fact_row(name, count, False, False, threshold, "sink heads", deciding=False))
         if probe.removed is None:
             continue
         deciding = why is None
         rows += [
-            row(f"{label}: first-token accuracy", probe.carried(), CHANCE + MIN_EFFECT, "above", "%", deciding),
-            row(f"{label}: {SINK_CHANGE}", probe.change(probe.removed), -MIN_EFFECT, "below", "% points", deciding),
+            evidence_row(
+                f"{label}: first-token accuracy", probe.carried(), CHANCE + MIN_EFFECT, "above", "%", deciding
+            ),
+            evidence_row(
+                f"{label}: {SINK_CHANGE}", probe.change(probe.removed), -MIN_EFFECT, "below", "% points", deciding
+            ),
         ]
         if probe.control is not None:
             sinks, control = probe.change(probe.removed), probe.change(probe.control)
             rows += [
-                row(f"{label}: {SINK_CHANGE} − {CONTROL_CHANGE}", sinks.minus(control), 0.0, "below", "% points"),
-                row(f"{label}: {CONTROL_CHANGE}", control, -MIN_EFFECT, "below", "% points", deciding=False),
+                evidence_row(
+                    f"{label}: {SINK_CHANGE} − {CONTROL_CHANGE}", sinks.minus(control), 0.0, "below", "% points"
+                ),
+                evidence_row(f"{label}: {CONTROL_CHANGE}", control, -MIN_EFFECT, "below", "% points", deciding=False),
             ]
     return judge(rows)
 
@@ -230,10 +243,11 @@ class C6(ClaimModule):
             if (why := probe.heads.untestable()) is not None:
                 parts.append(f"{model} untestable ({why})")
             elif f"{model}: first-token accuracy" in shown:
+                beyond = evidence_text(judgement, f"{model}: {SINK_CHANGE} − {CONTROL_CHANGE}")
                 parts.append(
-                    f"{model} {quote(judgement, f'{model}: first-token accuracy')}, changed by "
-                    f"{quote(judgement, f'{model}: {SINK_CHANGE}')} without its sink heads' reads of key 0, "
-                    f"{quote(judgement, f'{model}: {SINK_CHANGE} − {CONTROL_CHANGE}')} beyond the matched controls'"
+                    f"{model} {evidence_text(judgement, f'{model}: first-token accuracy')}, changed by "
+                    f"{evidence_text(judgement, f'{model}: {SINK_CHANGE}')} without its sink heads' reads of key 0, "
+                    f"{beyond} beyond the matched controls'"
                 )
         found = "; ".join(parts) if parts else "no model without a BOS to probe"
         return (
