@@ -21,8 +21,8 @@ from typing import Any, Protocol
 from posleak.data.batches import TokenBatch
 from posleak.data.kinds import Part
 from posleak.experiments.batch import AnalysisJob, ModelCache, draw_sequences, run_analyses
-from posleak.experiments.paper.plan import SAMPLES, Plan, Role, RoleName
-from posleak.experiments.paper.requests import Request, merged
+from posleak.experiments.paper.plan import ROLE_NAMES, SAMPLES, Plan, Role, RoleName
+from posleak.experiments.paper.requests import Request
 from posleak.interventions import Interventions
 from posleak.models.load import LoadedModel
 from posleak.pipeline import AnalysisResult, AnalyzeConfig
@@ -142,6 +142,23 @@ def shared_requests(plan: Plan, claims: Iterable[type[ClaimRequests]], sample: s
     every role's baseline, then each claim's requests (`ClaimModule.requests`)."""
     baselines = [Request(role.key, name, role.folder) for name, role in plan.roles.items()]
     return merged([*baselines, *(r for claim in claims for r in claim.requests(plan, sample))])
+
+
+def merged(requests: Iterable[Request]) -> list[Request]:
+    """Each analysis of `requests` once (by key), in the order they run (`_run_order`); two different analyses under
+    one key are refused."""
+    by_key: dict[str, Request] = {}
+    for request in requests:
+        known = by_key.setdefault(request.key, request)
+        if known != request:
+            raise ValueError(f"two analyses are requested as {request.key!r}: {known} and {request}")
+    return sorted(by_key.values(), key=_run_order)
+
+
+def _run_order(request: Request) -> tuple[bool, int, bool]:
+    """Where a request runs among a sample's analyses: the nulls last, the others by role, each role's baseline
+    before its intervened runs (else as asked)."""
+    return request.null is not None, ROLE_NAMES.index(request.role), not request.interventions.is_empty
 
 
 class ClaimRequests(Protocol):

@@ -2,17 +2,16 @@
 (`SampleNeed`), so that the plumbing runs, merges and checks them without knowing any claim.
 
 A request names its analysis by `key` (its manifest key, with the sample); two claims that ask for the same key
-ask for the same analysis, which runs once and serves both (`merged`).
+ask for the same analysis, which runs once and serves both (posleak.experiments.paper.reproduction.merged).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from posleak.data.kinds import BosPolicy, NullKind
-from posleak.experiments.paper.plan import ROLE_NAMES, RoleName
+from posleak.experiments.paper.plan import RoleName
 from posleak.interventions import Interventions
 
 
@@ -28,23 +27,6 @@ class Request:
     folder: str
     interventions: Interventions = dataclasses.field(default_factory=Interventions)
     null: NullKind | None = None
-
-    @property
-    def order(self) -> tuple[bool, int, bool]:
-        """Where it runs among a sample's analyses: the nulls last, the others by role, each role's baseline
-        before its intervened runs."""
-        return self.null is not None, ROLE_NAMES.index(self.role), not self.interventions.is_empty
-
-
-def merged(requests: Iterable[Request]) -> list[Request]:
-    """Each analysis of `requests` once (by key), in the order they run (`Request.order`; else as asked); two
-    different analyses under one key are refused."""
-    by_key: dict[str, Request] = {}
-    for request in requests:
-        known = by_key.setdefault(request.key, request)
-        if known != request:
-            raise ValueError(f"two analyses are requested as {request.key!r}: {known} and {request}")
-    return sorted(by_key.values(), key=lambda r: r.order)
 
 
 @dataclass(frozen=True)
