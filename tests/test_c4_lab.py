@@ -1,23 +1,27 @@
 """C4's lab line judged once (issue 44): its lines on synthetic lab runs whose slopes, levels and sink scores are
 set, each line deciding only where its models can test the claim; the rule that joins a claim's samples with a
-part judged once; and claims.json, pages and corpora carrying that part once."""
+part judged once; and claims.json, pages and corpora carrying that part once. Last, the lab line at tiny size: the
+lab decoder trained three ways and analysed, its slopes against numpy's least squares."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from constructed import VERDICTS
 
 from posleak.capture.query_stats import SINK_THRESHOLD
-from posleak.experiments.evidence import Estimate
-from posleak.experiments.paper import render
+from posleak.experiments.evidence import Estimate, depth_slope
+from posleak.experiments.paper import QUICK, render
 from posleak.experiments.paper.c1 import MIN_MAGNITUDE
-from posleak.experiments.paper.c4_lab import LAB, LabRuns, claim_c4_lab
+from posleak.experiments.paper.c4_lab import LAB, LabRuns, claim_c4_lab, lab_runs
 from posleak.experiments.paper.corpora import side_by_side
+from posleak.experiments.paper.reproduction import Reproduction
 from posleak.experiments.paper.verdict import Claim, Judgement, can_test, judge, once_verdict, row
 from posleak.pipeline import AnalysisResult
 from posleak.store import write_json
@@ -215,3 +219,38 @@ def test_on_two_corpora_the_lab_is_judged_once_not_per_corpus() -> None:
     assert list(joined.samples) == ["x A", "x B", "y A", "y B"] and list(joined.once) == [LAB]
     assert set(joined.numbers) == {LAB}
     assert joined.samples_verdict == "consistent" and joined.verdict == "not consistent"
+
+
+@pytest.mark.slow
+def test_the_lab_line_of_c4_trains_one_decoder_three_ways_at_tiny_size(tmp_path: Path) -> None:
+    """C4's controlled line at tiny size: the 8-layer lab decoder trained with full causal RoPE, a sliding window of
+    T/4 and a large base, 2 seeds each, every model analysed, the RoPE ones again under NTK scaling at inference;
+    the slopes the criterion judges equal numpy's least squares on each run's own per-layer table; the lab's
+    criterion runs on them."""
+    tiny = dict(lab_steps=8, lab_seq_len=16, lab_analyze_seqs=4, bootstrap=20, ntk_factors=(16.0,), lab_seeds=(0, 1))
+    plan = replace(QUICK, lab_large_base=True, **tiny)  # --quick leaves the large base out
+    lab = lab_runs(Reproduction(tmp_path / "paper", plan, progress=False))
+    counts = {variant: len(runs) for variant, runs in lab.runs.items()}
+    assert counts == {"rope": 2, "window": 2, "large-base": 2, "ntk": 2}
+    for runs in lab.runs.values():
+        for run in runs:
+            per_layer = run.per_layer.sort_values("layer")
+            assert len(per_layer) == 8
+            assert run.manifest["measurement"]["beyond"] == 4  # every variant measured past the window's 4
+            expected = np.polyfit(np.linspace(0, 1, 8), per_layer["resid_all"], 1)[0]
+            assert depth_slope(run, "resid_all").value == pytest.approx(expected)
+    models = (tmp_path / "paper" / "lab" / "models").glob("*/config.json")
+    configs = [json.loads(path.read_text()) for path in models]
+    built = sorted(
+        (c["num_hidden_layers"], c["rope_scale_kind"], c["rope_factor"], c["sliding_window"] or 0) for c in configs
+    )
+    # the NTK line's trials reuse the rope models: NTK scaling at inference trains nothing
+    assert built == [(8, "none", 1.0, 0)] * 2 + [(8, "none", 1.0, 4)] * 2 + [(8, "ntk", 16.0, 0)] * 2
+    # ... and analyse them scaled at evaluation, by the largest NTK factor
+    rows = [json.loads(path.read_text())["row"] for path in (tmp_path / "paper" / "lab").glob("trials/*/complete.json")]
+    scaled = sorted((row["name"], row["rope_scaling"], row["eval_overrides"]) for row in rows if row["eval_overrides"])
+    assert scaled == [("ntk", "none", '{"rope_factor": 16.0, "rope_scale_kind": "ntk"}')] * 2
+    judgement = claim_c4_lab(lab)
+    assert judgement.verdict in VERDICTS
+    expected = {"(3) lab slope beyond the window: window − rope", "(4) lab: NTK at inference against none, resid_all"}
+    assert expected <= set(judgement.evidence["evidence"])

@@ -1,6 +1,8 @@
 """Effect sizes first (issue 43; docs/method.md §13): an estimate's units from its run, two samples' estimates pooled,
 the power projection of the documents that would decide a row, and where claims.json, report.html and the docs page
-show them. Every estimate is built here from real tensors whose answer is computed by hand."""
+show them. Every estimate is built here from real tensors whose answer is computed by hand. Below them, the estimates
+the claims are judged on (layer mean, paired percent change, depth slope, seed mean) and the p-value of a contradiction,
+against numpy computations of their definitions."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from constructed import even_estimate, percentile_interval, resampled_run
 
 from posleak.experiments.evidence import (
     Estimate,
+    depth_slope,
     documents_to_decide,
     layer_mean,
     percent_change,
@@ -239,3 +243,100 @@ def test_on_two_corpora_each_corpus_pools_its_own_samples() -> None:
     assert [(e["corpus"], e["value"]) for e in joined.pooled] == [("stdlib", 0.3), ("bible-web", 0.9)]
     assert joined.pooled[1]["samples"] == {"bible-web A": "supports", "bible-web B": "supports"}
     assert [(e["corpus"], e["documents_needed"]) for e in joined.projection] == [("stdlib", 64)]
+
+
+# ---------------------------------------------------------------------------------------- estimates against numpy
+
+
+def test_estimates_against_numpy() -> None:
+    """Layer mean, paired percent change (on chosen layers) and the slope against relative depth, each with its
+    percentile interval, against numpy on the same resamples; rows of the bootstrap table arrive shuffled."""
+    values = {"resid_all": [0.2, 0.5, 0.4, 0.9, 0.7]}
+    base, base_boot = resampled_run(values, 0.05, seed=0)
+    new, new_boot = resampled_run({"resid_all": [0.25, 0.4, 0.44, 0.6, 0.7]}, 0.05, seed=1)
+    mean = layer_mean(base, "resid_all")
+    assert mean.value == pytest.approx(np.mean(values["resid_all"]))
+    assert mean.interval == pytest.approx(percentile_interval(base_boot["resid_all"].mean(1)))
+    layers = [1, 3]
+    change = percent_change(base, new, "resid_all", layers)
+    ratio = new_boot["resid_all"][:, layers].mean(1) / base_boot["resid_all"][:, layers].mean(1)
+    assert change.value == pytest.approx(100 * ((0.4 + 0.6) / (0.5 + 0.9) - 1))
+    assert change.interval == pytest.approx(percentile_interval(100 * (ratio - 1)))
+    depth = np.linspace(0, 1, 5)
+    slope = depth_slope(base, "resid_all")
+    assert slope.value == pytest.approx(np.polyfit(depth, values["resid_all"], 1)[0])
+    slopes = np.array([np.polyfit(depth, sample, 1)[0] for sample in base_boot["resid_all"]])
+    assert slope.interval == pytest.approx(percentile_interval(slopes))
+    difference = slope.minus(depth_slope(new, "resid_all"))
+    other = np.array([np.polyfit(depth, sample, 1)[0] for sample in new_boot["resid_all"]])
+    assert difference.interval == pytest.approx(percentile_interval(slopes - other))
+    # on chosen layers, each at its depth in the whole stack
+    chosen = depth_slope(base, "resid_all", [0, 2, 3])
+    assert chosen.value == pytest.approx(np.polyfit(depth[[0, 2, 3]], np.array(values["resid_all"])[[0, 2, 3]], 1)[0])
+    fitted = np.array([np.polyfit(depth[[0, 2, 3]], sample[[0, 2, 3]], 1)[0] for sample in base_boot["resid_all"]])
+    assert chosen.interval == pytest.approx(percentile_interval(fitted))
+
+
+def test_a_seed_mean_s_interval_holds_the_spread_between_seeds() -> None:
+    """C4's lab line: five seeds whose own resamples do not vary (each seed exactly at its value) still get an
+    interval, as wide as the bootstrap of a mean of five says (the resamples' variance is the values' population
+    variance over 5, within 5% at 20,000 resamples); seeds that agree get their common interval; two variants on
+    the same seeds stay paired (the difference of their seed means is the seed mean of their differences)."""
+    values = np.array([0.10, 0.30, 0.20, 0.55, 0.05])
+    constant = [Estimate(float(v), torch.full((20_000,), float(v), dtype=torch.float64)) for v in values]
+    spread = seed_mean(constant)
+    assert spread.value == pytest.approx(values.mean())
+    assert float(spread.samples.var()) == pytest.approx(values.var() / len(values), rel=0.05)
+    assert spread.interval[0] < values.mean() - 0.05 and spread.interval[1] > values.mean() + 0.05
+    one = Estimate(0.2, torch.linspace(0.1, 0.3, 200, dtype=torch.float64))
+    torch.testing.assert_close(seed_mean([one] * 5).samples, one.samples)
+    others = [Estimate(float(v) / 2, torch.full((20_000,), float(v) / 2, dtype=torch.float64)) for v in values]
+    paired = spread.minus(seed_mean(others))
+    differences = [Estimate(a.value - b.value, a.samples - b.samples) for a, b in zip(constant, others, strict=True)]
+    torch.testing.assert_close(paired.samples, seed_mean(differences).samples)
+
+
+@pytest.mark.parametrize(
+    ("estimate", "threshold", "direction", "says"),
+    [
+        (even_estimate(1.0, 0.5), 0.2, "above", "supports"),
+        (even_estimate(1.0, 0.5), 1.2, "above", "unclear"),
+        (even_estimate(1.0, 0.5), 1.6, "above", "contradicts"),
+        (even_estimate(-5.0, 1.0), -1.0, "below", "supports"),
+        (even_estimate(-1.0, 1.0), -1.0, "below", "unclear"),
+        (even_estimate(0.5, 0.2), -1.0, "below", "contradicts"),
+    ],
+)
+def test_an_estimate_supports_contradicts_or_is_unclear(
+    estimate: Estimate, threshold: float, direction: str, says: str
+) -> None:
+    assert estimate.judge(threshold, direction) == says  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("direction", ["above", "below"])
+def test_the_p_value_of_a_contradiction_is_where_the_percentile_interval_stops_reaching_the_threshold(
+    direction: str,
+) -> None:
+    """Against numpy's percentile intervals (linear interpolation), at levels just either side of p: the interval
+    of level 1 − 2α lies wholly short of the threshold exactly when α > p_short; 0 and 1 at the ends."""
+    rng = np.random.default_rng(5)
+    for trial in range(50):
+        samples = rng.normal(rng.normal(), 1.0, 200)
+        threshold = float(rng.normal(0.0, 1.5))
+        p = Estimate(0.0, torch.tensor(samples)).p_short(threshold, direction)  # type: ignore[arg-type]
+        if p == 0:
+            assert _short(samples, threshold, direction, 1e-9), trial
+        elif p < 0.5:  # beyond 0.5 "intervals" turn inside out: only the lower end is a test
+            assert _short(samples, threshold, direction, p + 1e-9), (trial, p)
+            assert not _short(samples, threshold, direction, p - 1e-9), (trial, p)
+        else:
+            assert not _short(samples, threshold, direction, 0.5 - 1e-9), (trial, p)
+    assert Estimate(0.0, torch.tensor([1.0, 2.0, 3.0])).p_short(5.0, "above") == 0.0  # all short
+    assert Estimate(0.0, torch.tensor([1.0, 2.0, 3.0])).p_short(0.5, "above") == 1.0  # none
+
+
+def _short(samples: np.ndarray, threshold: float, direction: str, alpha: float) -> bool:
+    """Whether numpy's percentile interval of level 1 − 2α lies wholly short of `threshold`."""
+    if direction == "above":
+        return bool(np.quantile(samples, 1 - alpha) < threshold)
+    return bool(np.quantile(samples, alpha) > threshold)
