@@ -23,7 +23,8 @@ from posleak.cli import analyze as analyze_cli
 from posleak.cli import build_parser
 from posleak.data.batches import make_sequences
 from posleak.data.corpus import load_corpus
-from posleak.experiments.paper.plan import FULL, QUICK, Plan
+from posleak.experiments.paper.claims.plans import FULL, QUICK
+from posleak.experiments.paper.plan import Plan
 from posleak.models.load import LoadedModel
 
 
@@ -128,13 +129,19 @@ def test_the_help_states_no_time_and_takes_the_paper_plans_sizes_from_the_plans(
     assert not [key for key, text in helps.items() if re.search(r"\b(minutes?|hours?|seconds)\b|\d+ s\b", text)]
 
     def sizes(plan: Plan) -> list[int]:
-        (sliding_len, sliding_seqs), seeds = plan.size("sliding"), len(plan.lab_seeds)
-        return [plan.num_seqs, plan.seq_len, sliding_seqs, sliding_len, plan.bootstrap, seeds, plan.lab_steps]
+        (seq_len, num_seqs), (sliding_len, sliding_seqs) = plan.size("standard"), plan.size("sliding")
+        return [num_seqs, seq_len, sliding_seqs, sliding_len, plan.bootstrap, len(plan.lab.seeds), plan.lab.steps]
 
     def numbers(text: str) -> list[int]:
         return [int(n) for n in re.findall(r"(?<![\w.])\d+(?!\w)", text)]  # not the 4 of "C4"
 
-    changed = replace(QUICK, num_seqs=17, sliding_seq_len=1024, bootstrap=300, lab_seeds=(0, 1), lab_steps=50)
+    sizes_changed = {
+        **QUICK.sizes,
+        "standard": (QUICK.size("standard")[0], 17),
+        "sliding": (1024, QUICK.size("sliding")[1]),
+    }
+    lab = replace(QUICK.lab, seeds=(0, 1), steps=50)
+    changed = replace(QUICK, sizes=sizes_changed, bootstrap=300, lab=lab)
     assert sizes(changed) != sizes(QUICK)
     for quick in (QUICK, changed):
         monkeypatch.setattr(analyze_cli, "QUICK", quick)

@@ -18,8 +18,11 @@ from constructed import CLAIMS, VERDICTS
 from posleak.data.batches import part_documents
 from posleak.data.corpus import load_corpus
 from posleak.experiments.paper import QUICK
-from posleak.experiments.paper.c5 import DECIDING, KEY_PARTS, removed_name
-from posleak.experiments.paper.c6_probe import IDENTITY_COLUMNS
+from posleak.experiments.paper.claims.c1.options import C1Options
+from posleak.experiments.paper.claims.c3.options import C3Options
+from posleak.experiments.paper.claims.c4.options import C4Options
+from posleak.experiments.paper.claims.c5.claim import DECIDING, KEY_PARTS, removed_name
+from posleak.experiments.paper.claims.c6.probe import IDENTITY_COLUMNS
 from posleak.experiments.paper.plan import ROLES, SAMPLES
 from posleak.experiments.paper.reproduction import PARTS, SELECTION, selection_seqs
 from posleak.experiments.paper.verdict import SAYS
@@ -192,7 +195,7 @@ def test_position0_and_sink_ablation_tables(paper: Path) -> None:
             expected = [
                 f"{question}-{heads}"
                 for question in ("clock", "kv0")
-                for heads in ("sinks", *(f"control{k}" for k in range(QUICK.control_draws)))
+                for heads in ("sinks", *(f"control{k}" for k in range(QUICK.option(C3Options).control_draws)))
             ]
             # the runs reported, not judged, in the model's own BOS setting (--quick leaves them out; the plan file
             # above asks for them, as the full plan does)
@@ -216,7 +219,7 @@ def test_position0_and_sink_ablation_tables(paper: Path) -> None:
                 for layer, head, score in before_last[["layer", "head", "sink_score"]].itertuples(False)
                 if score > 0.3
             }
-            for k in range(QUICK.control_draws):
+            for k in range(QUICK.option(C3Options).control_draws):
                 control = _heads(runs.loc[f"kv0-control{k}", "heads"])
                 assert control == _heads(runs.loc[f"clock-control{k}", "heads"])  # one control set for both questions
                 assert len(control) == len(sinks) and not control & sinks
@@ -279,7 +282,7 @@ def test_every_run_folder_is_complete(paper: Path) -> None:
     c3 = _c3_numbers(paper, "A")
     testable = 3 - len(c3["untestable"])
     assert testable >= 1  # the test plan's sink_seq_len leaves one (qwen2.5-coder-0.5b)
-    assert QUICK.control_draws == 1 and not QUICK.nulls_both_samples
+    assert QUICK.option(C3Options).control_draws == 1 and not QUICK.option(C1Options).nulls_both_samples
     assert len(folders) == 2 * (9 + testable * 8) + 6 + 3  # the nulls on sample A only
     window = sorted((paper / "window").iterdir())
     assert [f.name for f in window] == [
@@ -320,8 +323,8 @@ def test_every_run_folder_is_complete(paper: Path) -> None:
     trials = sorted((paper / "lab" / "trials").iterdir())
     # C4's lab: rope and window trained, and the rope models under NTK scaling at inference (--quick trains no
     # large-base model: its line is reported, not judged)
-    assert not QUICK.lab_large_base
-    assert len(trials) == 3 * len(QUICK.lab_seeds) and all((trial / "complete.json").is_file() for trial in trials)
+    assert not QUICK.option(C4Options).lab_large_base
+    assert len(trials) == 3 * len(QUICK.lab.seeds) and all((trial / "complete.json").is_file() for trial in trials)
 
 
 def test_samples_share_no_document_and_claims_json_names_them(paper: Path) -> None:

@@ -8,6 +8,7 @@ changing a model here changes it everywhere. `ROLES` is the built-in set, the de
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,3 +136,8 @@ class Plan:
             if isinstance(options, kind):
                 return options
         raise ValueError(f"plan {self.name!r} has no {kind.__name__}")
+
+    def with_option(self, kind: type, **changes: Any) -> Plan:
+        """This plan with its options of class `kind` changed by `changes` (field names of that class)."""
+        options = tuple(dataclasses.replace(o, **changes) if isinstance(o, kind) else o for o in self.options)
+        return dataclasses.replace(self, options=options)
