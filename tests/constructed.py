@@ -18,7 +18,7 @@ CLAIMS = ["C1", "C2", "C3", "C4", "C5", "C6"]
 VERDICTS = {"consistent", "not consistent", "inconclusive"}
 
 # ---------------------------------------------------------------------------- verdicts on constructed inputs
-# Each claim's criterion (paper/c1.py … c6.py, with its dated revisions) applied to inputs built here with a known
+# Each claim's criterion (paper/claims/c1 … c6, with its dated revisions) applied to inputs built here with a known
 # answer, and the estimates it is judged on (evidence.py) against numpy computations of their definitions.
 
 RESAMPLES = 400

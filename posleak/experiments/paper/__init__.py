@@ -3,7 +3,7 @@ by role (`paper_plan`: `--models ROLE=MODEL,...`, `--plan PLAN.yaml`).
 
 Every analysis is an ordinary `analyze` run folder under `OUT/runs/` and every lab model a lab trial under
 `OUT/lab/`, so an interrupted reproduction resumes where it stopped. Each claim is judged by a criterion
-written in its own module (c1.py … c6.py), first before any data were seen and since revised after verdicts had
+written in its own package (claims/c1 … claims/c6), first before any data were seen and since revised after verdicts had
 been seen, each revision dated with why in the module (`revisions`, claims.json), on two disjoint samples of
 sequences (A and B) cut from disjoint documents, and every analysis, intervention and control runs on each sample
 (C3 chooses its heads on a third sample, disjoint from both). A claim is consistent, or

@@ -1,6 +1,6 @@
 """How a claim of arXiv 2606.06160 is judged: rows of evidence, each sample's verdict, the two samples' verdict.
 
-Each claim's criterion (c1.py … c6.py) names the effects it expects, their direction and a minimum size, and is
+Each claim's criterion (claims/c1 … claims/c6) names the effects it expects, their direction and a minimum size, and is
 judged on the bootstrap interval of each effect (evidence.py). The criteria were first written before any data were
 seen (2026-11-30) and have been revised since, after verdicts had been seen: each claim module dates its
 revisions and says why (`ClaimModule.revisions`, `Revision`; docs/method.md §13, Revisions). A row of

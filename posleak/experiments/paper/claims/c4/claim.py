@@ -132,7 +132,7 @@ class C4(ClaimModule):
         "residual-stream component, sliding windows let it accumulate with depth, standard RoPE sits between."
     )
     roles = ("standard", "large-base", "sliding")
-    required_once = (WINDOW,)  # the line of the sliding window the claim names (c4_window)
+    required_once = (WINDOW,)  # the line of the sliding window the claim names (window.py)
     criterion = C4_CRITERION
     revisions = (
         REPLICATED,
