@@ -137,6 +137,12 @@ class Plan:
                 return options
         raise ValueError(f"plan {self.name!r} has no {kind.__name__}")
 
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as a manifest records it: every field, each claim's options under its class's name."""
+        recorded = dataclasses.asdict(self)
+        recorded["options"] = {type(options).__name__: dataclasses.asdict(options) for options in self.options}
+        return recorded
+
     def with_option(self, kind: type, **changes: Any) -> Plan:
         """This plan with its options of class `kind` changed by `changes` (field names of that class)."""
         options = tuple(dataclasses.replace(o, **changes) if isinstance(o, kind) else o for o in self.options)
