@@ -26,6 +26,7 @@ from posleak.experiments.paper.claims.c3.options import C3Options
 from posleak.experiments.paper.claims.c4.options import C4Options
 from posleak.experiments.paper.claims.c5.claim import DECIDING, KEY_PARTS, removed_name
 from posleak.experiments.paper.claims.c6.probe import IDENTITY_COLUMNS
+from posleak.experiments.paper.claims.registry import CLAIMS as REGISTERED
 from posleak.experiments.paper.plan import ROLES, SAMPLES, Plan
 from posleak.experiments.paper.reproduction import PARTS, SELECTION, SampleRuns, selection_seqs
 from posleak.experiments.paper.requests import Request
@@ -388,7 +389,9 @@ def test_rerun_resumes_from_finished_runs(paper: Path, smollm2: LoadedModel) -> 
 # A claim is one package and one line in the registry (posleak.experiments.paper.claims.registry): here two toy
 # claims, defined in the test, ask for the same analysis, the standard model on the shuffle null of sample A
 # (--quick runs it there for C1 and C2, so the `paper` fixture's folder holds it), and run through `reproduce` on
-# the test plan, in a copy of the fixture's folder: the analysis is read back once and handed to both by its key.
+# the test plan beside the registry's claims (whose requests decide which baselines keep their next-token scores, and
+# so their fingerprints), in a copy of the fixture's folder: the analysis, which C1 and C2 ask for too, is read back
+# once and handed to every claim that asked for it by its key.
 
 
 class _ToyNull(ClaimModule):
@@ -438,14 +441,14 @@ def test_a_claim_registered_in_one_line_runs_through_the_reproduction(paper: Pat
     finished = file_stamps(out / "runs")
     plan, problems = paper_plan(QUICK, None, paper.parent / "plan.yaml")
     assert problems == []
-    claims = reproduce(out, plan, progress=False, claims=(_ToyNull, _ToyTwin))
+    claims = reproduce(out, plan, progress=False, claims=(*REGISTERED, _ToyNull, _ToyTwin))
     assert file_stamps(out / "runs") == finished
     (first, none_first), (second, none_second) = _ToyNull.handed["T1"], _ToyNull.handed["T2"]
     assert first is second and none_first is None and none_second is None  # one result for both; none on B
     folder = out / "runs" / f"{plan.roles['standard'].folder}-shuffle-A"
     expected = pd.read_parquet(folder / "per_layer.parquet")["resid_all"].mean()
     written = {c["claim"]: c for c in json.loads((out / "claims.json").read_text())}
-    assert [c.claim for c in claims] == list(written) == ["T1", "T2"]
+    assert [c.claim for c in claims] == list(written) == [*CLAIMS, "T1", "T2"]
     for name in ("T1", "T2"):
         (row_a,) = written[name]["samples"]["A"]["evidence"]
         assert row_a["value"] == pytest.approx(expected, rel=1e-12)
