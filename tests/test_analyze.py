@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from cli import assert_one_line_error, run_cli, run_main, strict_json_files
+from cli import assert_one_line_error, file_stamps, run_cli, run_main, strict_json_files
 from reference import LogitRecorder, assert_close, grid_edges, table_errors
 from tiny import tiny_checkpoint, tiny_model, word_corpus
 
@@ -28,9 +28,9 @@ from posleak.pipeline import (
     AnalyzeConfig,
     PreparedRun,
     analyze_model,
+    capture_paths,
     prepared_model,
     sequences_for,
-    waiting,
 )
 from posleak.store import RunFolder
 from posleak.store.jsonfile import dumps, nan_for_none
@@ -180,7 +180,7 @@ def _no_forward(*args: object, **kwargs: object) -> None:
 def _interrupting(stage: str, after: int, counts: dict[str, int]) -> object:
     """A replacement for CaptureSession.forward ("forward") or analyze's measure_layer ("measure") that
     counts its calls and raises KeyboardInterrupt once, on call number `after` + 1 of its stage."""
-    original = CaptureSession.forward if stage == "forward" else waiting.measure_layer
+    original = CaptureSession.forward if stage == "forward" else capture_paths.measure_layer
 
     def wrapped(*args: object, **kwargs: object) -> object:
         counts[stage] = counts.get(stage, 0) + 1
@@ -200,7 +200,7 @@ def test_interrupted_run_resumes_without_redoing_work(
     (one layer kept): the rerun redoes only what was left and ends with the same tables, bit for bit."""
     whole = _tiny_run(tmp_path / "whole")
     counts: dict[str, int] = {}
-    target = (CaptureSession, "forward") if stage == "forward" else (waiting, "measure_layer")
+    target = (CaptureSession, "forward") if stage == "forward" else (capture_paths, "measure_layer")
     monkeypatch.setattr(*target, _interrupting(stage, after, counts))
     with pytest.raises(KeyboardInterrupt):
         _tiny_run(tmp_path / "run")
@@ -218,6 +218,26 @@ def test_resuming_with_other_arguments_is_refused(tmp_path: Path) -> None:
     _tiny_run(tmp_path / "run")
     with pytest.raises(PosleakError, match="different run"):
         _tiny_run(tmp_path / "run", early=8)
+
+
+@pytest.mark.slow
+def test_analyze_writes_a_complete_run_folder_and_a_rerun_reads_it_back(tmp_path: Path) -> None:
+    """Exit 0, a manifest with status complete, per_layer.parquet with a row per layer, the report; rerun with the
+    same arguments, no file of the folder is written again."""
+    out = tmp_path / "run"
+    args = ("analyze", "smollm2-135m", "--seq-len", "32", "--num-seqs", "4", "--bootstrap", "20", "--out", str(out))
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
+    per_layer = pd.read_parquet(out / "per_layer.parquet")
+    assert {"layer", "mask_early", "mask_all", "resid_early", "resid_all"} <= set(per_layer.columns)
+    assert per_layer["layer"].tolist() == list(range(30))
+    assert (out / "report.html").stat().st_size > 10_000
+
+    finished = file_stamps(out)
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert file_stamps(out) == finished, "the finished run was computed again"
 
 
 # ----------------------------------------------------------------------------------- the in-forward path
@@ -251,7 +271,7 @@ def test_interrupted_in_forward_run_redoes_the_forwards_and_keeps_the_measured_l
     ends with the uninterrupted run's tables, bit for bit."""
     whole = _tiny_run(tmp_path / "whole", measure_budget=IN_FORWARD)
     counts: dict[str, int] = {}
-    monkeypatch.setattr(waiting, "measure_layer", _interrupting("measure", 1, counts))
+    monkeypatch.setattr(capture_paths, "measure_layer", _interrupting("measure", 1, counts))
     with pytest.raises(KeyboardInterrupt):
         _tiny_run(tmp_path / "run", measure_budget=IN_FORWARD)
     partial = tmp_path / "run" / ".partial"
@@ -447,10 +467,6 @@ def test_memory_at_8192_tokens(smollm2: LoadedModel) -> None:
 
 
 # ----------------------------------------------------------------------------------- bad input
-
-
-def test_inspect_missing_path_is_one_line(tmp_path: Path) -> None:
-    assert_one_line_error(run_cli("inspect", "/no/such/path"), "/no/such/path")
 
 
 @pytest.mark.slow

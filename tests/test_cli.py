@@ -1,7 +1,6 @@
-"""Success paths of the command line on a built-in model, run as a user would (a fresh interpreter):
-`posleak inspect` against attention weights from transformers' own eager path, and `posleak analyze` writing a
-complete run folder that a rerun reads back without rewriting a file. And an instant command line: help and the
-model listing answer without importing torch or transformers."""
+"""The command line as a whole: an instant one (help and the model listing answer without importing torch or
+transformers), and help texts that state no time and take the paper plans' sizes from the plans. Each command's own
+tests are in its file (test_inspect.py, test_analyze.py, test_intervene.py, test_lab.py, ...)."""
 
 from __future__ import annotations
 
@@ -11,70 +10,13 @@ import re
 import subprocess
 import sys
 from dataclasses import replace
-from pathlib import Path
 
-import pandas as pd
 import pytest
-import torch
-from cli import file_stamps, run_cli
 
-from posleak.capture import use_posleak_attention
-from posleak.cli import analyze as analyze_cli
 from posleak.cli import build_parser
-from posleak.data.batches import make_sequences
-from posleak.data.corpus import load_corpus
+from posleak.cli import paper as paper_cli
 from posleak.experiments.paper.claims.plans import FULL, QUICK
 from posleak.experiments.paper.plan import Plan
-from posleak.models.load import LoadedModel
-
-
-@pytest.mark.slow
-def test_inspect_reports_the_facts_and_the_sink_rate_of_eager_attention(smollm2: LoadedModel) -> None:
-    """The facts of SmolLM2 as the NOTES record them, and per layer the share of heads with α_0 > 0.3 computed from
-    the attention weights transformers' eager attention returns on the same sequences."""
-    proc = run_cli("inspect", "smollm2-135m", "--json", "--seq-len", "32", "--num-seqs", "2")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    info = json.loads(proc.stdout)
-    facts = info["facts"]
-    assert (facts["layers"], facts["heads"], facts["kv_heads"]) == (30, 9, 3)
-    assert facts["rope_theta"] == [1e5] * 30
-    assert info["position0"]["auto"] == "first content token"  # SmolLM2 does not prepend its BOS
-    assert info["position0"]["on"] == {"id": 1, "text": "<|im_start|>"}
-
-    ids = make_sequences(load_corpus("stdlib"), smollm2.tokenizer, 32, 2, bos="auto", seed=0).ids
-    model = smollm2.model
-    model.set_attn_implementation("eager")
-    try:
-        with torch.no_grad():
-            attentions = model(ids, output_attentions=True).attentions  # L × (N, H, T, T)
-    finally:
-        use_posleak_attention(model)
-    alpha0 = torch.stack([weights[:, :, 1:, 0].double().mean(dim=(0, 2)) for weights in attentions])  # (L, H)
-    assert (alpha0 - 0.3).abs().min() > 1e-4  # no head so near ε that rounding could flip it
-    rates = (alpha0 > 0.3).double().mean(dim=1)
-    assert rates.max() > 0  # SmolLM2 has sink heads
-    assert info["sink_rate"]["per_layer"] == pytest.approx(rates.tolist(), abs=1e-4)  # printed to 4 places
-
-
-@pytest.mark.slow
-def test_analyze_writes_a_complete_run_folder_and_a_rerun_reads_it_back(tmp_path: Path) -> None:
-    """Exit 0, a manifest with status complete, per_layer.parquet with a row per layer, the report; rerun with the
-    same arguments, no file of the folder is written again."""
-    out = tmp_path / "run"
-    args = ("analyze", "smollm2-135m", "--seq-len", "32", "--num-seqs", "4", "--bootstrap", "20", "--out", str(out))
-    proc = run_cli(*args)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
-    per_layer = pd.read_parquet(out / "per_layer.parquet")
-    assert {"layer", "mask_early", "mask_all", "resid_early", "resid_all"} <= set(per_layer.columns)
-    assert per_layer["layer"].tolist() == list(range(30))
-    assert (out / "report.html").stat().st_size > 10_000
-
-    finished = file_stamps(out)
-    proc = run_cli(*args)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert file_stamps(out) == finished, "the finished run was computed again"
-
 
 # Run in a fresh interpreter: what is in sys.modules once `posleak ARGS` has answered (argparse's -h exits).
 _IMPORTED_AFTER = """
@@ -135,16 +77,12 @@ def test_the_help_states_no_time_and_takes_the_paper_plans_sizes_from_the_plans(
     def numbers(text: str) -> list[int]:
         return [int(n) for n in re.findall(r"(?<![\w.])\d+(?!\w)", text)]  # not the 4 of "C4"
 
-    sizes_changed = {
-        **QUICK.sizes,
-        "standard": (QUICK.size("standard")[0], 17),
-        "sliding": (1024, QUICK.size("sliding")[1]),
-    }
+    standard, sliding = (QUICK.size("standard")[0], 17), (1024, QUICK.size("sliding")[1])
     lab = replace(QUICK.lab, seeds=(0, 1), steps=50)
-    changed = replace(QUICK, sizes=sizes_changed, bootstrap=300, lab=lab)
+    changed = replace(QUICK, sizes={**QUICK.sizes, "standard": standard, "sliding": sliding}, bootstrap=300, lab=lab)
     assert sizes(changed) != sizes(QUICK)
     for quick in (QUICK, changed):
-        monkeypatch.setattr(analyze_cli, "QUICK", quick)
+        monkeypatch.setattr(paper_cli, "QUICK", quick)
         helps = _helps(build_parser())
         assert numbers(helps["paper --quick"]) == sizes(quick)
         assert numbers(helps["paper --full"]) == sizes(FULL)

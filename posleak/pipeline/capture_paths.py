@@ -1,8 +1,9 @@
-"""Where one analysis's captures wait for their measurement, behind the `Captures` interface (capture/store.py):
-on the model's device, each layer measured during the last batch's forward as soon as its q and k are captured
-("in-forward", `InForwardMeasure`), when they fit the measure budget (Execution.measure_budget); else every
-finished batch kept in the run folder (the run's checkpoint) or, without a run folder, in CPU memory. Each
-measured layer is kept in the run folder's `.partial/` for a resume, wherever it was measured.
+"""The capture paths: where one analysis's captures wait for their measurement, behind the `Captures` interface
+(capture/store.py). On the model's device, each layer measured during the last batch's forward as soon as its q
+and k are captured ("in-forward", `InForwardMeasure`), when they fit the measure budget
+(Execution.measure_budget); else every finished batch kept in the run folder (the run's checkpoint) or, without a
+run folder, in CPU memory. Each measured layer is kept in the run folder's `.partial/` for a resume, wherever it
+was measured.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def measure_spec(batch: TokenBatch, options: MeasureOptions, facts: dict[int, Ca
     )
 
 
-def measured(capture: LayerCapture, spec: MeasureSpec, run: RunFolder | None) -> LayerResult:
+def measured_layer(capture: LayerCapture, spec: MeasureSpec, run: RunFolder | None) -> LayerResult:
     """One layer measured, and kept in the run folder for a resume."""
     result = measure_layer(capture, spec)
     if run is not None:
@@ -138,7 +139,7 @@ class InForwardMeasure:
         started = time.perf_counter()
         capture = self.captures.layer(call.layer, in_flight=self.in_flight)
         self.captures.drop_layer(call.layer)
-        self.results[call.layer] = measured(capture, self.spec, self.run)
+        self.results[call.layer] = measured_layer(capture, self.spec, self.run)
         self.seconds += time.perf_counter() - started
 
 
