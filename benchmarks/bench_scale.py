@@ -75,8 +75,8 @@ from bench_analyze import PeakMemory
 from posleak.capture.masks import MaskSpec
 from posleak.capture.store import CallFacts, LayerCapture
 from posleak.device import Placement
+from posleak.experiments.paper.claims.plans import QUICK
 from posleak.experiments.paper.counts import analysis_count
-from posleak.experiments.paper.plan import QUICK
 from posleak.measure import Grid, MeasureSpec, measure_layer, segment_boundaries
 from posleak.measure.layer_sums import SumsPath, choose_path
 from posleak.measure.shift import row_blocks, shift_queries

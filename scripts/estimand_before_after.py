@@ -27,7 +27,7 @@ def _quadrature(before: float, after: float) -> str:
     return f"{math.copysign(math.sqrt(abs(gap)), gap):.3f}"
 
 
-def row(model: str, old: pd.DataFrame, new: pd.DataFrame, new_heads: pd.DataFrame) -> str:
+def evidence_row(model: str, old: pd.DataFrame, new: pd.DataFrame, new_heads: pd.DataFrame) -> str:
     cells = [model]
     for queries in ("early", "all"):
         before, after = old[f"resid_{queries}"].mean(), new[f"resid_{queries}"].mean()
@@ -48,7 +48,7 @@ def main(old_root: Path, new_root: Path) -> None:
     for new_run in sorted(p for p in new_root.iterdir() if (p / "per_layer.parquet").exists()):
         old = pd.read_parquet(old_root / new_run.name / "per_layer.parquet")
         new, heads = (pd.read_parquet(new_run / f"{table}.parquet") for table in ("per_layer", "per_head"))
-        print(row(new_run.name, old, new, heads))
+        print(evidence_row(new_run.name, old, new, heads))
 
 
 if __name__ == "__main__":

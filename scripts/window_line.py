@@ -2,8 +2,8 @@
 the plan's window_seq_len (T ≥ 4W) on its window_corpus, on samples A and B, judged once (docs/method.md §13).
 
 The full plan runs it among some 290 analyses (more than two hours on 2 cores); this runs its four analyses only
-(`posleak.experiments.paper.c4_window`), into OUT/window/NAME-SAMPLE, the folders `posleak paper --full --out OUT`
-would write (rerun to resume), and prints each analysis's time and the line's evidence and verdict.
+(`posleak.experiments.paper.claims.c4.window`), into OUT/window/NAME-SAMPLE, the folders `posleak paper --full --out
+OUT` would write (rerun to resume), and prints each analysis's time and the line's evidence and verdict.
 docs/method.md §13 quotes it for the built-ins.
 
     python scripts/window_line.py --out runs/window            # the full plan's line: T = 2048, bible-web
@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from posleak.experiments.paper import FULL
-from posleak.experiments.paper.c4_window import WindowComparison, claim_window, not_measured, window_runs
+from posleak.experiments.paper.claims.c4.window import WindowComparison, claim_window, not_measured, window_runs
 from posleak.experiments.paper.reproduction import Reproduction
-from posleak.experiments.paper.verdict import quoted
+from posleak.experiments.paper.verdict import estimate_text
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
     judgement = claim_window({s: WindowComparison.of(*pair) for s, pair in runs.items()}, not_measured(plan))
     print(f"verdict: {judgement.verdict}")
     for _, row in judgement.evidence.iterrows():
-        print(f"  {row['evidence']}: {quoted(row)}, {row['says']}{'' if row['deciding'] else ' (reported)'}")
+        print(f"  {row['evidence']}: {estimate_text(row)}, {row['says']}{'' if row['deciding'] else ' (reported)'}")
 
 
 if __name__ == "__main__":

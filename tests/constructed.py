@@ -11,14 +11,14 @@ import pandas as pd
 import torch
 
 from posleak.experiments.evidence import Estimate
-from posleak.experiments.paper.verdict import fact, row
+from posleak.experiments.paper.verdict import evidence_row, fact_row
 from posleak.pipeline import AnalysisResult
 
 CLAIMS = ["C1", "C2", "C3", "C4", "C5", "C6"]
 VERDICTS = {"consistent", "not consistent", "inconclusive"}
 
 # ---------------------------------------------------------------------------- verdicts on constructed inputs
-# Each claim's criterion (paper/c1.py … c6.py, with its dated revisions) applied to inputs built here with a known
+# Each claim's criterion (paper/claims/c1 … c6, with its dated revisions) applied to inputs built here with a known
 # answer, and the estimates it is judged on (evidence.py) against numpy computations of their definitions.
 
 RESAMPLES = 400
@@ -69,10 +69,11 @@ def even_estimate(centre: float, half_width: float) -> Estimate:
     return Estimate(centre, torch.linspace(centre - half_width, centre + half_width, 1001, dtype=torch.float64))
 
 
-NEAR = row("near", even_estimate(0.08, 0.01), 0.05, "above", "nats")  # 0.07 to 0.09: just above 0.05
-FAR = row("far", even_estimate(1.0, 0.1), 0.05, "above", "nats")
-LOWERING = row("lowering", even_estimate(-5.0, 1.0), -1.0, "below", "%")
-CLOSED_FACT = fact("closed", 0.0, True, False, "≤ 1e-05")
-SHORT = row("short", even_estimate(0.04, 0.005), 0.05, "above", "nats")  # 0.035 to 0.045: just below
-RAISING = row("raising", even_estimate(5.0, 1.0), -1.0, "below", "%")  # 4 to 6 against < −1: far on the wrong side
-STRADDLING = row("straddling", even_estimate(0.05, 0.02), 0.05, "above", "nats")
+NEAR = evidence_row("near", even_estimate(0.08, 0.01), 0.05, "above", "nats")  # 0.07 to 0.09: just above 0.05
+FAR = evidence_row("far", even_estimate(1.0, 0.1), 0.05, "above", "nats")
+LOWERING = evidence_row("lowering", even_estimate(-5.0, 1.0), -1.0, "below", "%")
+CLOSED_FACT = fact_row("closed", 0.0, True, False, "≤ 1e-05")
+SHORT = evidence_row("short", even_estimate(0.04, 0.005), 0.05, "above", "nats")  # 0.035 to 0.045: just below
+# 4 to 6 against < −1: far on the wrong side
+RAISING = evidence_row("raising", even_estimate(5.0, 1.0), -1.0, "below", "%")
+STRADDLING = evidence_row("straddling", even_estimate(0.05, 0.02), 0.05, "above", "nats")

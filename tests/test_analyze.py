@@ -416,7 +416,7 @@ def test_real_models_position0_is_closed(name: str, request: pytest.FixtureReque
 @pytest.mark.slow
 def test_gemma_fingerprint_is_constant_with_bos_only(gemma3: LoadedModel) -> None:
     from posleak.data.batches import without_bos
-    from posleak.experiments.paper.c6 import position0_states
+    from posleak.experiments.paper.claims.c6.claim import position0_states
     from posleak.measure.position0 import fingerprint_constancy
 
     batch = sequences_for(gemma3, AnalyzeConfig(seq_len=32, num_seqs=8, bos="auto").recipe)

@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import bench_scale
 
+from posleak.experiments.paper.claims.plans import QUICK
 from posleak.experiments.paper.counts import analysis_count
-from posleak.experiments.paper.plan import QUICK
 
 CPU = torch.device("cpu")
 # Mistral's shape with a window shorter than these small lengths, so that the windowed sums are exercised

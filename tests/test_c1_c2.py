@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from constructed import resampled_run
 
-from posleak.experiments.paper.c1 import claim_c1
-from posleak.experiments.paper.c2 import claim_c2
+from posleak.experiments.paper.claims.c1.claim import claim_c1
+from posleak.experiments.paper.claims.c2.claim import claim_c2
 from posleak.pipeline import AnalysisResult
 
 

@@ -14,16 +14,9 @@ from tiny import SINK_T, sink_ids, sink_model, sink_scores
 
 from posleak.data.batches import TokenBatch
 from posleak.experiments.evidence import Estimate, percent_change
-from posleak.experiments.paper.c3 import claim_c3, over_units, question_verdicts
-from posleak.experiments.paper.c3_units import (
-    CLOCK,
-    Design,
-    head_list,
-    heads_by_layer,
-    matched_controls,
-    sink_heads,
-    unit_rows,
-)
+from posleak.experiments.paper.claims.c3.claim import claim_c3, over_units, question_verdicts
+from posleak.experiments.paper.claims.c3.heads import CLOCK, head_list, heads_by_layer, matched_controls, sink_heads
+from posleak.experiments.paper.claims.c3.units import Design, unit_rows
 from posleak.interventions import AblateSinkValues, HoldSinkClock, Interventions, PatchKv0
 from posleak.pipeline import AnalysisResult, AnalyzeConfig, analyze_model, prepared_model
 

@@ -10,8 +10,8 @@ import pytest
 from constructed import even_estimate, resampled_run
 
 from posleak.experiments.evidence import Estimate, depth_slope
-from posleak.experiments.paper.c4 import C4, claim_c4
-from posleak.experiments.paper.c4_window import WindowComparison, claim_window
+from posleak.experiments.paper.claims.c4.claim import C4, claim_c4
+from posleak.experiments.paper.claims.c4.window import WindowComparison, claim_window
 from posleak.experiments.paper.verdict import Claim, with_once
 
 

@@ -18,11 +18,13 @@ from constructed import VERDICTS
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.experiments.evidence import Estimate, depth_slope
 from posleak.experiments.paper import QUICK, render
-from posleak.experiments.paper.c1 import MIN_MAGNITUDE
-from posleak.experiments.paper.c4_lab import LAB, LabRuns, claim_c4_lab, lab_runs
+from posleak.experiments.paper.claims.c4.lab import LAB, LabRuns, claim_c4_lab, lab_runs
+from posleak.experiments.paper.claims.c4.options import C4Options
 from posleak.experiments.paper.corpora import side_by_side
+from posleak.experiments.paper.plan import LabBudget
 from posleak.experiments.paper.reproduction import Reproduction
-from posleak.experiments.paper.verdict import Claim, Judgement, can_test, judge, once_verdict, row
+from posleak.experiments.paper.thresholds import MIN_MAGNITUDE
+from posleak.experiments.paper.verdict import Claim, Judgement, can_test, evidence_row, judge, once_verdict
 from posleak.pipeline import AnalysisResult
 from posleak.store import write_json
 
@@ -132,10 +134,12 @@ def _judged(verdict: str, name: str = "(3) lab slope") -> Judgement:
     """A judgement with one deciding row, `name`, that gives `verdict`, or, for "not testable", only a reported
     row."""
     if verdict == "not testable":
-        reported = row("lab window line: untestable (no sink head)", _estimate(0.0, 1.0), 0.0, "above", "", False)
+        reported = evidence_row(
+            "lab window line: untestable (no sink head)", _estimate(0.0, 1.0), 0.0, "above", "", False
+        )
         return judge([reported])
     centre = {"consistent": 1.0, "not consistent": -1.0, "inconclusive": 0.0}[verdict]
-    return judge([row(name, _estimate(centre, 0.5), 0.0, "above", "nats per depth")])
+    return judge([evidence_row(name, _estimate(centre, 0.5), 0.0, "above", "nats per depth")])
 
 
 def _estimate(centre: float, half_width: float) -> Estimate:
@@ -227,8 +231,8 @@ def test_the_lab_line_of_c4_trains_one_decoder_three_ways_at_tiny_size(tmp_path:
     T/4 and a large base, 2 seeds each, every model analysed, the RoPE ones again under NTK scaling at inference;
     the slopes the criterion judges equal numpy's least squares on each run's own per-layer table; the lab's
     criterion runs on them."""
-    tiny = dict(lab_steps=8, lab_seq_len=16, lab_analyze_seqs=4, bootstrap=20, ntk_factors=(16.0,), lab_seeds=(0, 1))
-    plan = replace(QUICK, lab_large_base=True, **tiny)  # --quick leaves the large base out
+    tiny = replace(QUICK, lab=LabBudget(steps=8, seq_len=16, seeds=(0, 1), analyze_seqs=4), bootstrap=20)
+    plan = tiny.with_option(C4Options, ntk_factors=(16.0,), lab_large_base=True)  # --quick leaves the large base out
     lab = lab_runs(Reproduction(tmp_path / "paper", plan, progress=False))
     counts = {variant: len(runs) for variant, runs in lab.runs.items()}
     assert counts == {"rope": 2, "window": 2, "large-base": 2, "ntk": 2}

@@ -13,7 +13,7 @@ import torch
 
 from posleak.commands.intervene import intervene
 from posleak.experiments.evidence import Estimate, mean_square, share_removed
-from posleak.experiments.paper.c5 import (
+from posleak.experiments.paper.claims.c5.claim import (
     DECIDING,
     KEY_PARTS,
     WHOLE,

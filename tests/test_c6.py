@@ -16,8 +16,8 @@ from transformers import PreTrainedModel
 from posleak.capture import QueryStats
 from posleak.data.corpus import load_corpus
 from posleak.experiments.paper import QUICK
-from posleak.experiments.paper.c6 import C6, MIN_EFFECT, claim_c6
-from posleak.experiments.paper.c6_probe import (
+from posleak.experiments.paper.claims.c6.claim import C6, MIN_EFFECT, claim_c6
+from posleak.experiments.paper.claims.c6.probe import (
     CHANCE,
     FINGERPRINT_SEQ_LEN,
     FIRST_TOKENS,

@@ -15,7 +15,8 @@ import pytest
 
 from posleak.cli import build_parser
 from posleak.cli import paper as paper_cli
-from posleak.experiments.paper.plan import FULL, QUICK, Plan
+from posleak.experiments.paper.claims.plans import FULL, QUICK
+from posleak.experiments.paper.plan import Plan
 
 # Run in a fresh interpreter: what is in sys.modules once `posleak ARGS` has answered (argparse's -h exits).
 _IMPORTED_AFTER = """
@@ -70,13 +71,15 @@ def test_the_help_states_no_time_and_takes_the_paper_plans_sizes_from_the_plans(
     assert not [key for key, text in helps.items() if re.search(r"\b(minutes?|hours?|seconds)\b|\d+ s\b", text)]
 
     def sizes(plan: Plan) -> list[int]:
-        (sliding_len, sliding_seqs), seeds = plan.size("sliding"), len(plan.lab_seeds)
-        return [plan.num_seqs, plan.seq_len, sliding_seqs, sliding_len, plan.bootstrap, seeds, plan.lab_steps]
+        (seq_len, num_seqs), (sliding_len, sliding_seqs) = plan.size("standard"), plan.size("sliding")
+        return [num_seqs, seq_len, sliding_seqs, sliding_len, plan.bootstrap, len(plan.lab.seeds), plan.lab.steps]
 
     def numbers(text: str) -> list[int]:
         return [int(n) for n in re.findall(r"(?<![\w.])\d+(?!\w)", text)]  # not the 4 of "C4"
 
-    changed = replace(QUICK, num_seqs=17, sliding_seq_len=1024, bootstrap=300, lab_seeds=(0, 1), lab_steps=50)
+    standard, sliding = (QUICK.size("standard")[0], 17), (1024, QUICK.size("sliding")[1])
+    lab = replace(QUICK.lab, seeds=(0, 1), steps=50)
+    changed = replace(QUICK, sizes={**QUICK.sizes, "standard": standard, "sliding": sliding}, bootstrap=300, lab=lab)
     assert sizes(changed) != sizes(QUICK)
     for quick in (QUICK, changed):
         monkeypatch.setattr(paper_cli, "QUICK", quick)

@@ -18,19 +18,17 @@ from constructed import even_estimate, percentile_interval, resampled_run
 from posleak.experiments.evidence import (
     Estimate,
     depth_slope,
-    documents_to_decide,
     layer_mean,
     percent_change,
-    pooled,
     seed_mean,
     sequence_mean,
 )
 from posleak.experiments.paper import QUICK, render
-from posleak.experiments.paper.c5 import KEY_PARTS, Replacement, claim_c5
+from posleak.experiments.paper.claims.c5.claim import KEY_PARTS, Replacement, claim_c5
 from posleak.experiments.paper.corpora import side_by_side
-from posleak.experiments.paper.effects import POOLED, PROJECTION_NOTE, add_effects
+from posleak.experiments.paper.effects import POOLED, PROJECTION_NOTE, add_effects, documents_to_decide, pooled
 from posleak.experiments.paper.report import write_top
-from posleak.experiments.paper.verdict import Claim, Judgement, fact, judge, row
+from posleak.experiments.paper.verdict import Claim, Judgement, evidence_row, fact_row, judge
 from posleak.pipeline import AnalysisResult
 from posleak.store import RunFolder, write_json
 
@@ -130,15 +128,15 @@ def _judged(samples: dict[str, Judgement], name: str = "C1") -> Claim:
 def _inconclusive() -> Claim:
     """A and B share the resamples of "edge" and "wrong", so the pooled interval is each one's, from 8 + 8 = 16
     documents: half-width 0.2 against a gap of 0.1 projects 16·(0.2/0.1)² = 64 documents per sample."""
-    decided = row("decided", _exact(1.0, 0.1, 8), 0.05, "above", "nats")
-    edge = row("edge", _exact(0.3, 0.2, 8), 0.2, "above", "nats")  # 0.1 to 0.5 against > 0.2: unclear
-    wrong = row("wrong", _exact(0.1, 0.2, 8), 0.2, "above", "nats")  # −0.1 to 0.3, the value short of it
-    seeds = row("seeds", _exact(0.3, 0.2, None), 0.2, "above", "nats")  # a lab row: over seeds
-    untested = fact("untested", 0, False, False, "> 0 to test")
-    reported = row("reported", _exact(0.0, 0.1, 8), 0.05, "above", "nats", deciding=False)
+    decided = evidence_row("decided", _exact(1.0, 0.1, 8), 0.05, "above", "nats")
+    edge = evidence_row("edge", _exact(0.3, 0.2, 8), 0.2, "above", "nats")  # 0.1 to 0.5 against > 0.2: unclear
+    wrong = evidence_row("wrong", _exact(0.1, 0.2, 8), 0.2, "above", "nats")  # −0.1 to 0.3, the value short of it
+    seeds = evidence_row("seeds", _exact(0.3, 0.2, None), 0.2, "above", "nats")  # a lab row: over seeds
+    untested = fact_row("untested", 0, False, False, "> 0 to test")
+    reported = evidence_row("reported", _exact(0.0, 0.1, 8), 0.05, "above", "nats", deciding=False)
     a = Estimate(1.0, torch.tensor([0.8, 1.0, 1.2, 1.1], dtype=torch.float64), 8)  # as in the hand computation
     b = Estimate(2.0, torch.tensor([2.4, 1.6, 2.0, 2.2], dtype=torch.float64), 24)
-    a_weighted, b_weighted = (row("weighted", e, 0.5, "above", "nats") for e in (a, b))
+    a_weighted, b_weighted = (evidence_row("weighted", e, 0.5, "above", "nats") for e in (a, b))
     return _claim(
         [decided, edge, wrong, seeds, untested, reported, a_weighted],
         [decided, edge, wrong, seeds, untested, reported, b_weighted],
@@ -173,8 +171,8 @@ def test_each_deciding_row_is_pooled_and_each_row_left_unclear_projected() -> No
 
 
 def test_a_sample_that_disagrees_is_shown_beside_the_pooled_row_and_a_decided_claim_has_no_projection() -> None:
-    near = row("near", _exact(0.3, 0.05, 8), 0.2, "above", "nats")  # 0.25 to 0.35: supports
-    far = row("near", _exact(0.3, 0.2, 8), 0.2, "above", "nats")  # 0.1 to 0.5: unclear
+    near = evidence_row("near", _exact(0.3, 0.05, 8), 0.2, "above", "nats")  # 0.25 to 0.35: supports
+    far = evidence_row("near", _exact(0.3, 0.2, 8), 0.2, "above", "nats")  # 0.1 to 0.5: unclear
     claim = _claim([near], [far])
     add_effects([claim])
     [e] = claim.pooled
@@ -234,7 +232,7 @@ def test_on_two_corpora_each_corpus_pools_its_own_samples() -> None:
     """The samples of each corpus pool together, never across corpora; the tables name the corpus."""
     per_corpus = {}
     for corpus, centre in (("stdlib", 0.3), ("bible-web", 0.9)):
-        edge = row("edge", _exact(centre, 0.2, 8), 0.2, "above", "nats")
+        edge = evidence_row("edge", _exact(centre, 0.2, 8), 0.2, "above", "nats")
         claim = _claim([edge], [edge])
         claim.corpora = {corpus: {"name": corpus, "sha256": "0" * 64, "origin": None, "samples": ["A", "B"]}}
         per_corpus[corpus] = [claim]

@@ -17,13 +17,14 @@ from posleak.experiments.paper.corpora import corpus_problems, side_by_side
 from posleak.experiments.paper.plan import ROLES
 from posleak.experiments.paper.report import write_top
 from posleak.experiments.paper.reproduction import analysis_config
-from posleak.experiments.paper.verdict import Claim, across_corpora, judge, row
+from posleak.experiments.paper.verdict import Claim, across_corpora, evidence_row, judge
 from posleak.store import RunFolder, write_json
 
 
 def _judged_on(corpus: str, verdict: str) -> Claim:
     """C1 judged on `corpus` alone, both samples giving `verdict` (as `reproduce` leaves a claim of one corpus)."""
-    edge = row("edge", even_estimate(0.05, 0.02), 0.05, "above", "nats")  # 0.03 to 0.07 against > 0.05: unclear
+    # 0.03 to 0.07 against > 0.05: unclear
+    edge = evidence_row("edge", even_estimate(0.05, 0.02), 0.05, "above", "nats")
     rows = {"consistent": [FAR], "not consistent": [RAISING], "inconclusive": [FAR, edge]}[verdict]
     claim = Claim("C1", "A statement.", "criterion", {"A": judge(rows), "B": judge(rows)}, "method")
     claim.corpora = {corpus: {"name": corpus, "sha256": "0" * 64, "origin": None, "samples": ["A", "B"]}}

@@ -19,10 +19,14 @@ from transformers import PreTrainedTokenizerBase
 from posleak.data.batches import part_documents
 from posleak.data.corpus import load_corpus
 from posleak.experiments.paper import FULL, QUICK, paper_plan
+from posleak.experiments.paper.claims.c1.options import C1Options
+from posleak.experiments.paper.claims.c3.options import C3Options
+from posleak.experiments.paper.claims.c4.options import C4Options
+from posleak.experiments.paper.claims.registry import CLAIMS
 from posleak.experiments.paper.counts import analysis_count, lab_model_count
 from posleak.experiments.paper.models import role_problems, role_tokenizers
 from posleak.experiments.paper.plan import ROLES, Plan, role_for
-from posleak.experiments.paper.reproduction import PARTS, shared_analyses
+from posleak.experiments.paper.reproduction import PARTS, shared_requests
 from posleak.experiments.paper.samples import document_problems
 from posleak.models.load import LoadedModel
 
@@ -37,7 +41,7 @@ def test_models_by_role_keep_the_built_in_folders_and_name_others_after_their_sp
     builtins = "standard=smollm2-135m,large-base=qwen2.5-coder-0.5b,sliding=gemma3-270m,bos=gemma3-270m"
     named, problems = paper_plan(QUICK, builtins)
     assert problems == [] and named == QUICK  # the built-ins named explicitly are the default plan
-    folders = [a.folder for a in shared_analyses(named)]
+    folders = [a.folder for a in shared_requests(named, CLAIMS, "A")]
     assert folders == [
         "smollm2-135m",
         "smollm2-135m-ntk4",
@@ -65,7 +69,7 @@ def test_models_by_role_keep_the_built_in_folders_and_name_others_after_their_sp
         "Mistral-7B-v0.1-bos",
     ]
     assert plan.roles["large-base"] == ROLES["large-base"]
-    assert shared_analyses(plan)[1].folder == "Llama_3.1-ntk4"
+    assert shared_requests(plan, CLAIMS, "A")[1].folder == "Llama_3.1-ntk4"
 
 
 def test_a_plan_file_sets_each_role_and_the_plan_s_sizes(tmp_path: Path) -> None:
@@ -80,10 +84,10 @@ def test_a_plan_file_sets_each_role_and_the_plan_s_sizes(tmp_path: Path) -> None
     plan, problems = paper_plan(QUICK, "bos=smollm2-135m", path)
     assert problems == []
     assert plan.size("standard") == (128, 6) and plan.size("bos") == (128, 6)  # bos follows the standard size
-    assert plan.size("sliding") == (1024, QUICK.sliding_num_seqs) and plan.size("large-base") == QUICK.size(
+    assert plan.size("sliding") == (1024, QUICK.size("sliding")[1]) and plan.size("large-base") == QUICK.size(
         "large-base"
     )
-    assert (plan.ntk_factors, plan.bootstrap, plan.lab_seeds) == ((2.0, 8.0), 50, (3,))
+    assert (plan.option(C4Options).ntk_factors, plan.bootstrap, plan.lab.seeds) == ((2.0, 8.0), 50, (3,))
     assert plan.roles["bos"].folder == "smollm2-135m-bos" and plan.roles["sliding"] == ROLES["sliding"]
     path.write_text("roles:\n  nosuch: x\n  standard: {seq_len: -1}\nbase: {bootstrap: many, ntk_factors: []}\n")
     _, problems = paper_plan(QUICK, None, path)
@@ -177,7 +181,11 @@ def test_a_model_shorter_than_c4_s_window_line_is_refused_before_any_work(
     role the line does not measure is not held to it."""
     short = edited_checkpoint("short-window", config={"max_position_embeddings": 512})
     roles = {**QUICK.roles, **{role: role_for(role, str(short)) for role in ("standard", "large-base")}}
-    found = [p for p in role_problems(replace(QUICK, roles=roles, window_seq_len=2048)) if str(short) in p]
+    found = [
+        p
+        for p in role_problems(replace(QUICK, roles=roles).with_option(C4Options, window_seq_len=2048))
+        if str(short) in p
+    ]
     assert found == [
         f"standard model {short}: its maximum positions (512) are shorter than C4's window line's T = 2048; lower "
         "window_seq_len in the plan file, or give the role another model"
@@ -252,22 +260,20 @@ def test_every_plan_fits_its_corpora() -> None:
     no problem), and --full takes the most the corpora allow: one more sequence at T = 512 or 768 does not fit."""
     tokenizers = role_tokenizers(FULL)
     assert document_problems(QUICK, tokenizers) == [] and document_problems(FULL, tokenizers) == []
+    (seq_len, num_seqs), (sliding_len, sliding_seqs) = FULL.size("standard"), FULL.size("sliding")
     more = replace(
-        FULL,
-        num_seqs=FULL.num_seqs + 1,
-        sliding_num_seqs=FULL.sliding_num_seqs + 1,
-        window_num_seqs=FULL.window_num_seqs + 1,
-    )
+        FULL, sizes={**FULL.sizes, "standard": (seq_len, num_seqs + 1), "sliding": (sliding_len, sliding_seqs + 1)}
+    ).with_option(C4Options, window_num_seqs=FULL.option(C4Options).window_num_seqs + 1)
     refused = document_problems(more, tokenizers)
     assert any("'bible-web', sample A" in line and "512 tokens" in line for line in refused), refused
     assert any("'stdlib', sample A" in line and "768 tokens of gemma3-270m" in line for line in refused), refused
     # C4's window line reads bible-web whatever the plan's corpora: at T = 2048 the stdlib docstrings could not hold it
     window = "2048 tokens of gemma3-270m for C4's window line (sliding model), which takes 21"
     assert any("'bible-web', sample B" in line and window in line for line in refused), refused
-    on_stdlib = document_problems(replace(QUICK, window_seq_len=2048, window_corpus="stdlib"), tokenizers)
+    on_stdlib = document_problems(QUICK.with_option(C4Options, window_seq_len=2048, window_corpus="stdlib"), tokenizers)
     assert any(line.startswith("corpus 'stdlib', sample A: only 4 of its documents") for line in on_stdlib), on_stdlib
-    assert _holding("bible-web", tokenizers["smollm2-135m"], 512)["A"] == FULL.num_seqs
-    assert _holding("stdlib", tokenizers["gemma3-270m"], 768)["A"] == FULL.sliding_num_seqs  # C3's, without a BOS
+    assert _holding("bible-web", tokenizers["smollm2-135m"], 512)["A"] == FULL.size("standard")[1]
+    assert _holding("stdlib", tokenizers["gemma3-270m"], 768)["A"] == FULL.size("sliding")[1]  # C3's, without a BOS
 
 
 def test_a_sample_of_fewer_than_four_documents_is_refused_before_any_work(zoo_model) -> None:
@@ -276,13 +282,13 @@ def test_a_sample_of_fewer_than_four_documents_is_refused_before_any_work(zoo_mo
     standard role's size, too); 4 pass."""
     for name in ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"):
         zoo_model(name)
-    few = role_problems(replace(QUICK, sizes={"standard": (256, 3)}))
+    few = role_problems(replace(QUICK, sizes={**QUICK.sizes, "standard": (256, 3)}))
     assert [p for p in few if "too few for a bootstrap" in p] == [
         f"{role} (T = 256, N = 3): 3 documents per sample are too few for a bootstrap interval (docs/method.md §6); "
         "give the role num_seqs ≥ 4"
         for role in ("standard", "bos")
     ]
-    assert not [p for p in role_problems(replace(QUICK, sizes={"standard": (256, 4)})) if "too few" in p]
+    assert not [p for p in role_problems(replace(QUICK, sizes={**QUICK.sizes, "standard": (256, 4)})) if "too few" in p]
 
 
 PERFORMANCE = ROOT / "docs" / "performance.md"
@@ -298,20 +304,17 @@ def test_the_plan_s_counts_follow_its_sizes() -> None:
     where the plan trains the large base."""
 
     def by_hand(plan: Plan) -> int:
-        per_unit = 2 * (1 + plan.control_draws) + (4 if plan.c3_reported else 0)
-        nulls = 3 * 2 * (2 if plan.nulls_both_samples else 1)
-        window = 0 if plan.window_seq_len is None else 2
-        return 2 * (1 + len(plan.ntk_factors) + 2 + 1 + 3 + window + 3 * per_unit) + nulls + 3
+        c3, c4 = plan.option(C3Options), plan.option(C4Options)
+        per_unit = 2 * (1 + c3.control_draws) + (4 if c3.reported else 0)
+        nulls = 3 * 2 * (2 if plan.option(C1Options).nulls_both_samples else 1)
+        window = 0 if c4.window_seq_len is None else 2
+        return 2 * (1 + len(c4.ntk_factors) + 2 + 1 + 3 + window + 3 * per_unit) + nulls + 3
 
-    other = replace(
-        QUICK,
-        ntk_factors=(2.0, 4.0, 16.0),
-        control_draws=3,
-        c3_reported=True,
-        nulls_both_samples=True,
-        lab_large_base=True,
-        lab_seeds=(0, 1),
-        window_seq_len=2048,
+    other = (
+        replace(QUICK, lab=replace(QUICK.lab, seeds=(0, 1)))
+        .with_option(C4Options, ntk_factors=(2.0, 4.0, 16.0), lab_large_base=True, window_seq_len=2048)
+        .with_option(C3Options, control_draws=3, reported=True)
+        .with_option(C1Options, nulls_both_samples=True)
     )
     assert (analysis_count(QUICK), lab_model_count(QUICK)) == (51, 10)
     assert (analysis_count(other), lab_model_count(other)) == (by_hand(other), 6) == (111, 6)

@@ -17,8 +17,8 @@ import pytest
 from reference import RecordedLayer, reference_layer, relative_error
 
 from posleak.capture.store import LayerCapture
-from posleak.experiments.paper.c1 import MEASURES as C1_MEASURES
-from posleak.experiments.paper.c1 import claim_c1
+from posleak.experiments.paper.claims.c1.claim import MEASURES as C1_MEASURES
+from posleak.experiments.paper.claims.c1.claim import claim_c1
 from posleak.measure import Decomposition, Grid, MeasureSpec, layer_value, measure_layer
 from posleak.measure.planted import Planted
 from posleak.measure.planted import planted_layer as planted_layer_of

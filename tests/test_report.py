@@ -18,7 +18,7 @@ from browser import check_in_chromium, needs_chromium, table_layout
 from PIL import Image
 
 from posleak.errors import PosleakError
-from posleak.experiments.paper.c3_units import heads_by_layer
+from posleak.experiments.paper.claims.c3.heads import heads_by_layer
 from posleak.report import (
     FigureBlock,
     Section,

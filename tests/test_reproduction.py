@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 import pytest
@@ -17,13 +18,21 @@ from constructed import CLAIMS, VERDICTS
 
 from posleak.data.batches import part_documents
 from posleak.data.corpus import load_corpus
-from posleak.experiments.paper import QUICK
-from posleak.experiments.paper.c5 import DECIDING, KEY_PARTS, removed_name
-from posleak.experiments.paper.c6_probe import IDENTITY_COLUMNS
-from posleak.experiments.paper.plan import ROLES, SAMPLES
-from posleak.experiments.paper.reproduction import PARTS, SELECTION, selection_seqs
-from posleak.experiments.paper.verdict import SAYS
+from posleak.experiments.evidence import layer_mean
+from posleak.experiments.paper import QUICK, paper_plan, reproduce
+from posleak.experiments.paper.claim import ClaimModule
+from posleak.experiments.paper.claims.c1.options import C1Options
+from posleak.experiments.paper.claims.c3.options import C3Options
+from posleak.experiments.paper.claims.c4.options import C4Options
+from posleak.experiments.paper.claims.c5.claim import DECIDING, KEY_PARTS, removed_name
+from posleak.experiments.paper.claims.c6.probe import IDENTITY_COLUMNS
+from posleak.experiments.paper.claims.registry import CLAIMS as REGISTERED
+from posleak.experiments.paper.plan import ROLES, SAMPLES, Plan
+from posleak.experiments.paper.reproduction import PARTS, SELECTION, SampleRuns, selection_seqs
+from posleak.experiments.paper.requests import Request
+from posleak.experiments.paper.verdict import SAYS, Judgement, evidence_row, fact_row, judge
 from posleak.models.load import LoadedModel
+from posleak.pipeline import AnalysisResult
 
 # The reproduction end to end at test sizes: `--quick`'s roles, runs, claims and tables, with T, N, the bootstrap and
 # the lab made small through a plan file (the --plan a user has), so that the suite proves the mechanics in minutes.
@@ -192,7 +201,7 @@ def test_position0_and_sink_ablation_tables(paper: Path) -> None:
             expected = [
                 f"{question}-{heads}"
                 for question in ("clock", "kv0")
-                for heads in ("sinks", *(f"control{k}" for k in range(QUICK.control_draws)))
+                for heads in ("sinks", *(f"control{k}" for k in range(QUICK.option(C3Options).control_draws)))
             ]
             # the runs reported, not judged, in the model's own BOS setting (--quick leaves them out; the plan file
             # above asks for them, as the full plan does)
@@ -216,7 +225,7 @@ def test_position0_and_sink_ablation_tables(paper: Path) -> None:
                 for layer, head, score in before_last[["layer", "head", "sink_score"]].itertuples(False)
                 if score > 0.3
             }
-            for k in range(QUICK.control_draws):
+            for k in range(QUICK.option(C3Options).control_draws):
                 control = _heads(runs.loc[f"kv0-control{k}", "heads"])
                 assert control == _heads(runs.loc[f"clock-control{k}", "heads"])  # one control set for both questions
                 assert len(control) == len(sinks) and not control & sinks
@@ -279,7 +288,7 @@ def test_every_run_folder_is_complete(paper: Path) -> None:
     c3 = _c3_numbers(paper, "A")
     testable = 3 - len(c3["untestable"])
     assert testable >= 1  # the test plan's sink_seq_len leaves one (qwen2.5-coder-0.5b)
-    assert QUICK.control_draws == 1 and not QUICK.nulls_both_samples
+    assert QUICK.option(C3Options).control_draws == 1 and not QUICK.option(C1Options).nulls_both_samples
     assert len(folders) == 2 * (9 + testable * 8) + 6 + 3  # the nulls on sample A only
     window = sorted((paper / "window").iterdir())
     assert [f.name for f in window] == [
@@ -320,8 +329,8 @@ def test_every_run_folder_is_complete(paper: Path) -> None:
     trials = sorted((paper / "lab" / "trials").iterdir())
     # C4's lab: rope and window trained, and the rope models under NTK scaling at inference (--quick trains no
     # large-base model: its line is reported, not judged)
-    assert not QUICK.lab_large_base
-    assert len(trials) == 3 * len(QUICK.lab_seeds) and all((trial / "complete.json").is_file() for trial in trials)
+    assert not QUICK.option(C4Options).lab_large_base
+    assert len(trials) == 3 * len(QUICK.lab.seeds) and all((trial / "complete.json").is_file() for trial in trials)
 
 
 def test_samples_share_no_document_and_claims_json_names_them(paper: Path) -> None:
@@ -374,3 +383,72 @@ def test_rerun_resumes_from_finished_runs(paper: Path, smollm2: LoadedModel) -> 
     proc = run_cli("paper", *_paper_args(paper))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (file_stamps(paper / "runs"), file_stamps(paper / "lab")) == finished
+
+
+# ---------------------------------------------------------------------------- a claim added in one line
+# A claim is one package and one line in the registry (posleak.experiments.paper.claims.registry): here two toy
+# claims, defined in the test, ask for the same analysis, the standard model on the shuffle null of sample A
+# (--quick runs it there for C1 and C2, so the `paper` fixture's folder holds it), and run through `reproduce` on
+# the test plan beside the registry's claims (whose requests decide which baselines keep their next-token scores, and
+# so their fingerprints), in a copy of the fixture's folder: the analysis, which C1 and C2 ask for too, is read back
+# once and handed to every claim that asked for it by its key.
+
+
+class _ToyNull(ClaimModule):
+    """A toy claim: the standard model's residual-stream magnitude on the shuffle null of sample A, above 0."""
+
+    name = "T1"
+    statement = "The standard model's residual-stream component survives shuffled tokens."
+    criterion = "The mean over layers of resid_all on the shuffle null of sample A has a 95% interval above 0 nats."
+    method = "A toy claim of the tests, reading one shared analysis."
+    roles = ("standard",)
+    handed: ClassVar[dict[str, list[AnalysisResult | None]]] = {}  # per claim name, the results `judge` was handed
+
+    @classmethod
+    def requests(cls, plan: Plan, sample: str) -> list[Request]:
+        if sample != "A":
+            return []
+        role = plan.roles["standard"]
+        return [Request(f"{role.key}-shuffle", "standard", f"{role.folder}-shuffle", null="shuffle")]
+
+    def judge(self, runs: SampleRuns, sample: str) -> Judgement:
+        null = runs.get(f"{runs.roles['standard'].key}-shuffle")
+        self.handed.setdefault(self.name, []).append(null)
+        if null is None:  # sample B: the plan runs no null there
+            return judge([fact_row("no null on this sample", 0, False, False, "a null", deciding=False)])
+        return judge([evidence_row("resid_all, shuffle null", layer_mean(null, "resid_all"), 0.0, "above", "nats")])
+
+    def against_paper(self, judgement: Judgement, runs: SampleRuns) -> str:
+        return "A toy claim: the paper says nothing of it."
+
+    def figures(self, runs: SampleRuns) -> list[Path]:
+        return []
+
+
+class _ToyTwin(_ToyNull):
+    """The same request under another claim's name: merged with the first, the analysis runs once."""
+
+    name = "T2"
+
+
+@pytest.mark.slow
+def test_a_claim_registered_in_one_line_runs_through_the_reproduction(paper: Path, tmp_path: Path) -> None:
+    """Two toy claims asking for one analysis get the same result, read back from its folder (no file under runs/
+    written again), and claims.json judges each on the value the folder's own per-layer table gives."""
+    _ToyNull.handed.clear()
+    out = tmp_path / "toy"
+    shutil.copytree(paper, out)
+    finished = file_stamps(out / "runs")
+    plan, problems = paper_plan(QUICK, None, paper.parent / "plan.yaml")
+    assert problems == []
+    claims = reproduce(out, plan, progress=False, claims=(*REGISTERED, _ToyNull, _ToyTwin))
+    assert file_stamps(out / "runs") == finished
+    (first, none_first), (second, none_second) = _ToyNull.handed["T1"], _ToyNull.handed["T2"]
+    assert first is second and none_first is None and none_second is None  # one result for both; none on B
+    folder = out / "runs" / f"{plan.roles['standard'].folder}-shuffle-A"
+    expected = pd.read_parquet(folder / "per_layer.parquet")["resid_all"].mean()
+    written = {c["claim"]: c for c in json.loads((out / "claims.json").read_text())}
+    assert [c.claim for c in claims] == list(written) == [*CLAIMS, "T1", "T2"]
+    for name in ("T1", "T2"):
+        (row_a,) = written[name]["samples"]["A"]["evidence"]
+        assert row_a["value"] == pytest.approx(expected, rel=1e-12)

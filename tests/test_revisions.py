@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 from posleak.experiments.paper import FULL, render
+from posleak.experiments.paper.claims.registry import CLAIMS
 from posleak.experiments.paper.report import write_top
-from posleak.experiments.paper.run import CLAIMS
-from posleak.experiments.paper.verdict import Claim, Revision, fact, judge
+from posleak.experiments.paper.verdict import Claim, Revision, fact_row, judge
 from posleak.store import RunFolder, write_json
 
 FIRST_WRITTEN = dt.date(2026, 11, 30)  # the criteria's first text (git history: 6d825d2), before any data
@@ -30,7 +30,7 @@ def test_every_claim_module_dates_its_revisions_as_iso_dates_in_order() -> None:
 
 def _claim(name: str, revisions: list[Revision]) -> Claim:
     """A claim judged consistent on both samples by one exact row, its criterion revised on `revisions`."""
-    rows = [fact("exact row", 1.0, holds=True, fails=False, threshold="> 0")]
+    rows = [fact_row("exact row", 1.0, holds=True, fails=False, threshold="> 0")]
     claim = Claim(name, f"Statement of {name}.", f"criterion of {name}", {"A": judge(rows), "B": judge(rows)}, "")
     claim.revisions = revisions
     claim.corpora = {"stdlib": {"name": "stdlib", "sha256": "0" * 64, "origin": None, "samples": ["A", "B"]}}

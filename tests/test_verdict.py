@@ -12,7 +12,7 @@ from constructed import CLOSED_FACT, FAR, LOWERING, NEAR, RAISING, SHORT, STRADD
 
 from posleak.cli.summary import claim_lines
 from posleak.experiments.evidence import Estimate
-from posleak.experiments.paper.verdict import Claim, judge, replicated, row
+from posleak.experiments.paper.verdict import Claim, evidence_row, judge, replicated
 
 
 def test_replication_needs_both_samples() -> None:
@@ -54,7 +54,7 @@ def _null_family(rng: np.random.Generator, rows: int, resamples: int = 200) -> l
     for k in range(rows):
         value = 0.05 + rng.normal(0.0, 0.01)
         estimate = Estimate(value, torch.tensor(value + rng.normal(0.0, 0.01, resamples)))
-        family.append(row(f"r{k}", estimate, 0.05, "above", "nats"))
+        family.append(evidence_row(f"r{k}", estimate, 0.05, "above", "nats"))
     return family
 
 
@@ -71,14 +71,14 @@ def test_holm_keeps_false_contradictions_of_a_claim_near_its_level_where_any_row
         alone += any(r["says"] == "contradicts" for r in family)
         holm += judge(family).verdict == "not consistent"
     assert alone / trials > 0.12 and holm / trials < 0.08, (alone / trials, holm / trials)
-    clear = row("clear", even_estimate(0.0, 0.01), 0.05, "above", "nats")  # −0.01 to 0.01 against > 0.05
-    judged = judge([*(row(f"t{k}", even_estimate(1.0, 0.1), 0.05, "above", "nats") for k in range(7)), clear])
+    clear = evidence_row("clear", even_estimate(0.0, 0.01), 0.05, "above", "nats")  # −0.01 to 0.01 against > 0.05
+    judged = judge([*(evidence_row(f"t{k}", even_estimate(1.0, 0.1), 0.05, "above", "nats") for k in range(7)), clear])
     assert judged.verdict == "not consistent" and judged.evidence.set_index("evidence").loc["clear", "says"] == (
         "contradicts"
     )
-    edge = row("edge", even_estimate(0.03, 0.025), 0.05, "above", "nats")  # 0.005 to 0.055: unclear alone
+    edge = evidence_row("edge", even_estimate(0.03, 0.025), 0.05, "above", "nats")  # 0.005 to 0.055: unclear alone
     normal = torch.special.ndtri(torch.linspace(0.0005, 0.9995, 1000, dtype=torch.float64))  # even normal quantiles
-    just = row("just", Estimate(0.03, 0.03 + 0.0101 * normal), 0.05, "above", "nats")  # to 0.0498: p ≈ 2.4%
+    just = evidence_row("just", Estimate(0.03, 0.03 + 0.0101 * normal), 0.05, "above", "nats")  # to 0.0498: p ≈ 2.4%
     assert just["says"] == "contradicts" and judge([just]).verdict == "not consistent"
     assert judge([just, edge, *([FAR] * 3)]).evidence.set_index("evidence").loc["just", "says"] == "unclear"
 
@@ -86,7 +86,7 @@ def test_holm_keeps_false_contradictions_of_a_claim_near_its_level_where_any_row
 def test_a_claim_s_terminal_lines_quote_the_deciding_row_of_both_samples() -> None:
     """Each sample's nearest row in turn (A's "near", then B's "far"), each with its value in both samples."""
     a = judge([FAR, NEAR])
-    b = judge([FAR, row("near", even_estimate(3.0, 0.1), 0.05, "above", "nats")])  # in B "far" is the nearer
+    b = judge([FAR, evidence_row("near", even_estimate(3.0, 0.1), 0.05, "above", "nats")])  # in B "far" is the nearer
     claim = Claim("C9", "A statement.", "criterion", {"A": a, "B": b}, "method")
     lines = claim_lines(claim)
     assert lines[0] == "C9 consistent: A statement. [A consistent: 2 of 2 supports; B consistent: 2 of 2 supports]"

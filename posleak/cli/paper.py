@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from posleak.cli.options import add_backend_options, add_placement_options, placement_from
-from posleak.experiments.paper.plan import FULL, QUICK, Plan
+from posleak.experiments.paper.claims.plans import FULL, QUICK
+from posleak.experiments.paper.plan import Plan
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -50,10 +51,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def plan_sizes(plan: Plan) -> str:
     """A plan's sizes for its --help line, from the plan itself (its analyses and time: docs/performance.md)."""
-    sliding_len, sliding_seqs = plan.size("sliding")
+    (seq_len, num_seqs), (sliding_len, sliding_seqs) = plan.size("standard"), plan.size("sliding")
     return (
-        f"N = {plan.num_seqs} documents per sample at T = {plan.seq_len} ({sliding_seqs} at T = {sliding_len} for "
-        f"the sliding role), {plan.bootstrap} resamples, C4's lab at {len(plan.lab_seeds)} seeds of {plan.lab_steps} "
+        f"N = {num_seqs} documents per sample at T = {seq_len} ({sliding_seqs} at T = {sliding_len} for "
+        f"the sliding role), {plan.bootstrap} resamples, C4's lab at {len(plan.lab.seeds)} seeds of {plan.lab.steps} "
         f"steps, on {' and '.join(plan.corpora)} (its analyses and time: docs/performance.md)"
     )
 

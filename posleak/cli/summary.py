@@ -14,7 +14,7 @@ import pandas as pd
 
 from posleak.commands.intervene import OVERALL, InterventionRun
 from posleak.experiments.evidence import layer_mean
-from posleak.experiments.paper.verdict import SAYS, Claim, quoted
+from posleak.experiments.paper.verdict import SAYS, Claim, estimate_text
 from posleak.measure import measured_magnitudes
 from posleak.pipeline import AnalysisResult
 
@@ -127,7 +127,9 @@ def claim_lines(claim: Claim, limit: int = 2) -> list[str]:
             rows = judgement.evidence[judgement.evidence["evidence"] == name]
             if not rows.empty:  # a row that one sample has and the other lacks is shown where it is
                 e = rows.iloc[0]
-                values.append(f"{sample} {quoted(e)}{'' if e['says'] == SAYS[judgement.verdict] else ' ' + e['says']}")
+                values.append(
+                    f"{sample} {estimate_text(e)}{'' if e['says'] == SAYS[judgement.verdict] else ' ' + e['says']}"
+                )
                 thresholds.append(e["threshold"])
         lines.append(f"    {name}: {'; '.join(values)}; criterion {thresholds[0]}")
     if len(lines) == 1:  # no row gave the verdict: say why (the units that cannot test the claim)

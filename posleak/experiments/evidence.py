@@ -11,9 +11,8 @@ quantity measured outside an analysis run (C6's probe), its mean over sequences,
 Each is a point value, its resamples and a percentile interval (docs/method.md §6), and the number of units
 (documents) its resamples draw, where they draw documents.
 
-Two estimates of one quantity on disjoint samples (`posleak paper`'s A and B) pool into one (`pooled`), whose
-interval comes from both samples' documents; and an estimate that its interval leaves undecided projects how many
-documents would decide it at its value and spread (`documents_to_decide`, a projection, not a measurement).
+Two estimates of one quantity on disjoint samples pool into one, and an undecided one projects the documents that
+would decide it: `posleak paper`'s effect sizes (posleak.experiments.paper.effects).
 
 An estimate is judged against a threshold: it *supports* an expected direction when its whole interval
 lies beyond the threshold, *contradicts* it when the whole interval lies on the other side, and is
@@ -24,7 +23,6 @@ contradicts at 95% exactly when its p_short is below 2.5%.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -58,7 +56,7 @@ class Estimate:
         return float(lo[0]), float(hi[0])
 
     def minus(self, other: Estimate) -> Estimate:
-        mine, theirs = _pair(self, other)
+        mine, theirs = pair_resamples(self, other)
         return Estimate(self.value - other.value, mine - theirs, _fewer(self, other))
 
     def judge(self, threshold: float, direction: Direction) -> Says:
@@ -90,7 +88,7 @@ class Estimate:
         return 1 - h / (n - 1)
 
 
-def _pair(a: Estimate, b: Estimate) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_resamples(a: Estimate, b: Estimate) -> tuple[torch.Tensor, torch.Tensor]:
     if a.samples.shape != b.samples.shape:
         raise ValueError(f"resamples do not pair: {tuple(a.samples.shape)} and {tuple(b.samples.shape)}")
     return a.samples, b.samples
@@ -100,38 +98,6 @@ def _fewer(a: Estimate, b: Estimate) -> int | None:
     """The units of an estimate formed from two: the fewer of theirs (a paired pair has the same), the scarcer
     sample limiting the spread; None where either draws no documents."""
     return None if a.units is None or b.units is None else min(a.units, b.units)
-
-
-def pooled(estimates: Sequence[Estimate]) -> Estimate:
-    """One quantity estimated on disjoint samples, pooled: the mean of the values weighted by each estimate's units
-    (equally where any has none), and resample k the same mean of their k-th resamples. The samples' bootstraps
-    are independent draws, so their k-th resamples together are one draw of all of them, and the interval is one
-    from every sample's documents. Its units: their sum."""
-    for other in estimates[1:]:
-        _pair(estimates[0], other)  # refuses resamples that do not pair (another number of them)
-    counts = [e.units for e in estimates]
-    documented = all(c is not None for c in counts)
-    weights = torch.tensor([c if documented else 1 for c in counts], dtype=torch.float64)
-    weights = weights / weights.sum()
-    samples = torch.stack([e.samples.double() for e in estimates])
-    value = float(weights @ torch.tensor([e.value for e in estimates], dtype=torch.float64))
-    return Estimate(value, weights.to(samples.device) @ samples, sum(c or 0 for c in counts) if documented else None)
-
-
-def documents_to_decide(estimate: Estimate, threshold: float, direction: Direction) -> tuple[Says, int] | None:
-    """A power projection at the estimate's value and spread, not a measurement: how many units (documents) a
-    sample would need for its interval to lie wholly on the value's side of `threshold`, and what it would then
-    say. The interval's half-width on the side facing the threshold, h, shrinks as 1/√C with C units, so it
-    reaches the gap g = |value − threshold| at C' = ⌈C·(h/g)²⌉. None where the estimate draws no documents, has
-    no interval, or sits on the threshold."""
-    lo, hi = estimate.interval
-    gap = estimate.value - threshold
-    if estimate.units is None or math.isnan(lo) or gap == 0:
-        return None
-    half = max(estimate.value - lo if gap > 0 else hi - estimate.value, 0.0)
-    says: Says = "supports" if (gap > 0) == (direction == "above") else "contradicts"
-    # rounded first, so that floating-point noise in an exact ratio does not add a document
-    return says, max(1, math.ceil(round(estimate.units * (half / gap) ** 2, 9)))
 
 
 def seed_mean(estimates: Sequence[Estimate], seed: int = 0) -> Estimate:
@@ -186,7 +152,7 @@ def percent_change(
 ) -> Estimate:
     """100·(mean_l intervened / mean_l baseline − 1): the change of the layer mean, paired resample by resample."""
     base, new = layer_mean(baseline, measure, layers), layer_mean(intervened, measure, layers)
-    b, n = _pair(base, new)
+    b, n = pair_resamples(base, new)
     return Estimate(100 * (new.value / base.value - 1), 100 * (n / b - 1), _fewer(base, new))
 
 
@@ -206,7 +172,7 @@ def share_removed(
     baseline's squared `whole` that the intervention removes through `part` (negative where it adds). The shares of
     parts whose squares add to the whole's add to the whole's own. Paired resample by resample."""
     base, new, total = (mean_square(r, m, layers) for r, m in ((baseline, part), (intervened, part), (baseline, whole)))
-    b, n = _pair(base, new)
+    b, n = pair_resamples(base, new)
     return Estimate(100 * (base.value - new.value) / total.value, 100 * (b - n) / total.samples, _fewer(base, new))
 
 

@@ -3,7 +3,7 @@ by role (`paper_plan`: `--models ROLE=MODEL,...`, `--plan PLAN.yaml`).
 
 Every analysis is an ordinary `analyze` run folder under `OUT/runs/` and every lab model a lab trial under
 `OUT/lab/`, so an interrupted reproduction resumes where it stopped. Each claim is judged by a criterion
-written in its own module (c1.py … c6.py), first before any data were seen and since revised after verdicts had
+written in its own package (claims/c1 … claims/c6), first before any data were seen and since revised after verdicts had
 been seen, each revision dated with why in the module (`revisions`, claims.json), on two disjoint samples of
 sequences (A and B) cut from disjoint documents, and every analysis, intervention and control runs on each sample
 (C3 chooses its heads on a third sample, disjoint from both). A claim is consistent, or
@@ -24,15 +24,16 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from posleak.experiments.paper.claims.plans import FULL, QUICK
     from posleak.experiments.paper.models import paper_plan
-    from posleak.experiments.paper.plan import FULL, QUICK, Plan
+    from posleak.experiments.paper.plan import Plan
     from posleak.experiments.paper.run import reproduce
 
 # name → the module that defines it, imported on first use: `posleak paper --help` states the plans' sizes from
-# plan.py without the reproduction's imports (torch, pandas: seconds)
+# claims/plans.py without the reproduction's imports (torch, pandas: seconds)
 _EXPORTS = {
-    "FULL": "posleak.experiments.paper.plan",
-    "QUICK": "posleak.experiments.paper.plan",
+    "FULL": "posleak.experiments.paper.claims.plans",
+    "QUICK": "posleak.experiments.paper.claims.plans",
     "Plan": "posleak.experiments.paper.plan",
     "paper_plan": "posleak.experiments.paper.models",
     "reproduce": "posleak.experiments.paper.run",

@@ -1,8 +1,10 @@
-"""The protocol every claim module (c1.py … c6.py) follows, and the formatting their texts share.
+"""The protocol every claim (the packages claims/c1 … claims/c6) follows, and the formatting their texts share.
 
-A claim module holds everything of one claim: the analyses it needs beyond the shared ones (`measure`), its
-criterion, its judgement of one sample, its tables and figures, and its text (statement, method, the sentence
-that sets the measured effect beside the paper's). `reproduce` iterates the modules in claim order.
+A claim's package holds everything of one claim: the shared analyses it reads (`requests`), the draws of sequences
+it makes and the counts of its own runs, what it needs beyond them (`measure`), its options (a dataclass of its own
+in the plan, `Plan.options`), its criterion, its judgement of one sample, its tables and figures, and its text
+(statement, method, the sentence that sets the measured effect beside the paper's). `reproduce` iterates the
+claims of the registry (posleak.experiments.paper.claims) in claim order.
 
 The criteria were first written on 2026-11-30, before any data; every change since of what a criterion measures, a
 threshold, the unit or the rule came after verdicts had been seen, and stands in its module's `revisions` with its
@@ -19,9 +21,10 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
-from posleak.experiments.paper.plan import RoleName
+from posleak.experiments.paper.plan import Plan, RoleName
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
-from posleak.experiments.paper.verdict import HOLM, Judgement, Revision, quoted
+from posleak.experiments.paper.requests import LongerT, Request, SampleNeed
+from posleak.experiments.paper.verdict import HOLM, Judgement, Revision, estimate_text
 from posleak.pipeline import AnalysisResult
 from posleak.report.html import TableBlock
 
@@ -72,8 +75,40 @@ class ClaimModule(ABC):
     # checked before any work (posleak.experiments.paper.models.word_problems)
     words: ClassVar[tuple[str, ...]] = ()
 
+    # per role whose model must have a BOS token, why (checked before any work: posleak.experiments.paper.models)
+    bos_needed: ClassVar[Mapping[RoleName, str]] = {}
+
     def __init__(self, repro: Reproduction) -> None:
         self.repro = repro
+
+    @classmethod
+    def requests(cls, plan: Plan, sample: str) -> list[Request]:
+        """The shared analyses of `sample` this claim reads beyond every role's baseline: each runs once, whichever
+        claims ask for it (reproduction.run_shared), and `SampleRuns` gives it by its key."""
+        return []
+
+    @classmethod
+    def sample_needs(cls, plan: Plan) -> list[SampleNeed]:
+        """The draws of sequences this claim makes beyond the shared analyses' (its own runs and measures), each
+        checked against the documents before any work (posleak.experiments.paper.samples)."""
+        return []
+
+    @classmethod
+    def positions_needed(cls, plan: Plan) -> list[LongerT]:
+        """The T beyond the role's own at which this claim runs a role's model (checked against its maximum
+        positions before any work: posleak.experiments.paper.models)."""
+        return []
+
+    @classmethod
+    def own_analyses(cls, plan: Plan) -> int:
+        """How many analyses this claim runs on one corpus beyond its `requests` where each of its parts can test
+        it (posleak.experiments.paper.counts); a plan whose count depends on the models raises ValueError."""
+        return 0
+
+    @classmethod
+    def lab_models(cls, plan: Plan) -> int:
+        """How many lab models this claim trains under `plan` (posleak.experiments.paper.counts)."""
+        return 0
 
     def before_shared(self) -> None:  # noqa: B027 (most claims need nothing before the shared analyses)
         """Run what this claim needs before the shared analyses (C3 chooses its heads on the selection sample)."""
@@ -118,9 +153,9 @@ class ClaimModule(ABC):
         """This claim's figures of sample A, written into the run folder."""
 
 
-def quote(judgement: Judgement, evidence: str) -> str:
+def evidence_text(judgement: Judgement, evidence: str) -> str:
     """A row of evidence for a sentence: its value, unit and interval."""
-    return quoted(judgement.evidence.set_index("evidence").loc[evidence])
+    return estimate_text(judgement.evidence.set_index("evidence").loc[evidence])
 
 
 def rounded(table: pd.DataFrame) -> pd.DataFrame:

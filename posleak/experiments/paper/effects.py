@@ -12,13 +12,48 @@ sample.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
+import torch
 
-from posleak.experiments.evidence import Estimate, Says, documents_to_decide, pooled
+from posleak.experiments.evidence import Direction, Estimate, Says, pair_resamples
 from posleak.experiments.paper.verdict import Bound, Claim, Judged, Judgement
+
+
+def pooled(estimates: Sequence[Estimate]) -> Estimate:
+    """One quantity estimated on disjoint samples, pooled: the mean of the values weighted by each estimate's units
+    (equally where any has none), and resample k the same mean of their k-th resamples. The samples' bootstraps
+    are independent draws, so their k-th resamples together are one draw of all of them, and the interval is one
+    from every sample's documents. Its units: their sum."""
+    for other in estimates[1:]:
+        pair_resamples(estimates[0], other)  # refuses resamples that do not pair (another number of them)
+    counts = [e.units for e in estimates]
+    documented = all(c is not None for c in counts)
+    weights = torch.tensor([c if documented else 1 for c in counts], dtype=torch.float64)
+    weights = weights / weights.sum()
+    samples = torch.stack([e.samples.double() for e in estimates])
+    value = float(weights @ torch.tensor([e.value for e in estimates], dtype=torch.float64))
+    return Estimate(value, weights.to(samples.device) @ samples, sum(c or 0 for c in counts) if documented else None)
+
+
+def documents_to_decide(estimate: Estimate, threshold: float, direction: Direction) -> tuple[Says, int] | None:
+    """A power projection at the estimate's value and spread, not a measurement: how many units (documents) a
+    sample would need for its interval to lie wholly on the value's side of `threshold`, and what it would then
+    say. The interval's half-width on the side facing the threshold, h, shrinks as 1/√C with C units, so it
+    reaches the gap g = |value − threshold| at C' = ⌈C·(h/g)²⌉. None where the estimate draws no documents, has
+    no interval, or sits on the threshold."""
+    lo, hi = estimate.interval
+    gap = estimate.value - threshold
+    if estimate.units is None or math.isnan(lo) or gap == 0:
+        return None
+    half = max(estimate.value - lo if gap > 0 else hi - estimate.value, 0.0)
+    says: Says = "supports" if (gap > 0) == (direction == "above") else "contradicts"
+    # rounded first, so that floating-point noise in an exact ratio does not add a document
+    return says, max(1, math.ceil(round(estimate.units * (half / gap) ** 2, 9)))
+
 
 POOLED = "pooled A+B"
 POOLED_NOTE = (

@@ -7,7 +7,7 @@ A plan file holds two sections, both optional:
     roles:                                  # per role: the model, or the model and its T and N per sample
       standard: {model: /ckpt/Llama-3.1-8B, seq_len: 2048, num_seqs: 8}
       sliding: /ckpt/Mistral-7B-v0.1        # the plan's T and N for the role
-    base:                                   # the plan's other sizes (names of `Plan` fields)
+    base:                                   # the plan's other sizes (`file_keys`: the plan's, its lab's, the claims')
       ntk_factors: [4, 16]
       bootstrap: 200
       corpora: [stdlib, bible-web]          # every claim judged on each (`--corpus` wins over it)
@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from posleak.errors import PosleakError
-from posleak.experiments.paper.plan import BOS_ROLES, ROLE_NAMES, WINDOW_ROLES, Plan, RoleName, role_for
+from posleak.experiments.paper.plan import ROLE_NAMES, Plan, RoleName, role_for
 from posleak.experiments.paper.reproduction import analysis_config
+from posleak.experiments.paper.requests import LongerT
 from posleak.measure.bootstrap import MIN_BOOTSTRAP_UNITS
 from posleak.models.builtin import ZOO
 from posleak.models.facts import ModelFacts
@@ -46,31 +47,56 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 SIZE_KEYS = ("seq_len", "num_seqs")
-# The plan's sizes a file's `base` may set, by the kind of value each takes.
-COUNTS = (
-    "control_draws",
-    "fingerprint_seqs",
-    "bootstrap",
-    "lab_steps",
-    "lab_seq_len",
-    "lab_analyze_seqs",
-    "sink_seq_len",
-    "window_seq_len",
-    "window_num_seqs",
-    "batch_size",
-)
-LISTS = {"ntk_factors": float, "lab_seeds": int, "corpora": str}
-NAMES = ("name", "window_corpus")  # a non-empty string
-SWITCHES = ("cross_documents", "c3_reported")  # true or false
-PLAN_FILE = SpecFormat(
-    kind="paper plan",
-    short="plan",
-    owner="paper plan",
-    module="posleak/experiments/paper/models.py",
-    sections=("roles", "base"),
-    options=frozenset([*COUNTS, *LISTS, *SWITCHES, *NAMES]),
-    options_hint=f"use {', '.join(sorted([*COUNTS, *LISTS, *SWITCHES, *NAMES]))}",
-)
+# The kinds of value a file's `base` key takes, from the type of the field it sets: a whole number ≥ 1, true or
+# false, a name (a non-empty string), or a non-empty list of numbers > 0, whole numbers ≥ 0 or corpus names.
+KINDS: dict[str, str] = {
+    "int": "a whole number ≥ 1",
+    "int | None": "a whole number ≥ 1",
+    "bool": "true or false",
+    "str": "a name",
+    "tuple[float, ...]": "a non-empty list of numbers > 0",
+    "tuple[int, ...]": "a non-empty list of whole numbers ≥ 0",
+    "tuple[str, ...]": "a non-empty list of corpus names (stdlib, bible-web, a file, ...)",
+}
+LISTS = {"tuple[float, ...]": float, "tuple[int, ...]": int, "tuple[str, ...]": str}
+
+
+def _parts(plan: Plan) -> list[Any]:
+    """The parts of `plan` a file's `base` sets keys of: the plan, its lab budget and each claim's options."""
+    return [plan, plan.lab, *plan.options]
+
+
+def file_keys(plan: Plan) -> dict[str, tuple[int, str, str]]:
+    """Each key a plan file's `base` may set in `plan`: the index of its part (`_parts`), the field it sets there,
+    and the field's type (a key of KINDS), as each part's class names them (`file_keys`)."""
+    keys = {}
+    for index, part in enumerate(_parts(plan)):
+        types = {f.name: str(f.type) for f in dataclasses.fields(part)}
+        keys |= {key: (index, name, types[name]) for key, name in type(part).file_keys.items()}
+    return keys
+
+
+def _plan_format(plan: Plan) -> SpecFormat:
+    """The plan file format whose `base` takes the keys of `plan` (`file_keys`)."""
+    keys = sorted(file_keys(plan))
+    return SpecFormat(
+        kind="paper plan",
+        short="plan",
+        owner="paper plan",
+        module="posleak/experiments/paper/models.py",
+        sections=("roles", "base"),
+        options=frozenset(keys),
+        options_hint=f"use {', '.join(keys)}",
+    )
+
+
+def _with_base(plan: Plan, base: Mapping[str, Any]) -> Plan:
+    """`plan` with each key of `base` set in its part (`file_keys`)."""
+    keys, parts = file_keys(plan), _parts(plan)
+    for key, value in base.items():
+        index, name, _ = keys[key]
+        parts[index] = dataclasses.replace(parts[index], **{name: value})
+    return dataclasses.replace(parts[0], lab=parts[1], options=tuple(parts[2:]))
 
 
 def paper_plan(
@@ -96,7 +122,7 @@ def paper_plan(
     roles = {role: role_for(role, chosen[role]) if role in chosen else start.roles[role] for role in ROLE_NAMES}
     if corpora:
         base["corpora"] = tuple(corpora)
-    plan = dataclasses.replace(start, **base, roles=roles, sizes={**start.sizes, **sizes})
+    plan = dataclasses.replace(_with_base(start, base), roles=roles, sizes={**start.sizes, **sizes})
     return plan, problems.found
 
 
@@ -121,14 +147,15 @@ def _read_plan_file(
 ) -> tuple[dict[RoleName, str], dict[RoleName, tuple[int, int]], dict[str, Any]]:
     """A plan file's models, per-role sizes and other sizes; its problems in `problems` (a file that is not a
     plan file raises)."""
-    raw = PLAN_FILE.read(path)
-    PLAN_FILE.check_sections(raw)
+    spec_format = _plan_format(start)
+    raw = spec_format.read(path)
+    spec_format.check_sections(raw)
     roles, base = raw.get("roles") or {}, raw.get("base") or {}
     if not isinstance(roles, dict):
         raise PosleakError(f"paper plan '{path}': roles must map each role to a model or {{model, seq_len, num_seqs}}")
     if not isinstance(base, dict):
         raise PosleakError(f"paper plan '{path}': base must map Plan fields to values (ntk_factors: [4, 16], ...)")
-    base, _ = PLAN_FILE.base_and_grid({"base": base})
+    base, _ = spec_format.base_and_grid({"base": base})
     chosen: dict[RoleName, str] = {}
     sizes: dict[RoleName, tuple[int, int]] = {}
     for role, entry in roles.items():
@@ -148,35 +175,30 @@ def _read_plan_file(
                 sizes[role] = size
             else:
                 problems.add(f"paper plan '{path}': role {role!r}: seq_len and num_seqs must be whole numbers ≥ 1")
-    return chosen, sizes, _checked_base(path, base, problems)
+    return chosen, sizes, _checked_base(path, base, start, problems)
 
 
-def _checked_base(path: Path, base: dict[str, Any], problems: Problems) -> dict[str, Any]:
+def _checked_base(path: Path, base: dict[str, Any], start: Plan, problems: Problems) -> dict[str, Any]:
     """The `base` options of a plan file with values of their kind (lists become tuples); the others refused."""
     values: dict[str, Any] = {}
+    keys = file_keys(start)
     for key, value in base.items():
-        if key in LISTS:
-            kind = LISTS[key]
-            ok = isinstance(value, list) and bool(value) and all(_is_item(v, kind) for v in value)
-            value = tuple(kind(v) for v in value) if ok else value
-        elif key in NAMES:
+        kind = keys[key][2]
+        if kind in LISTS:
+            item = LISTS[kind]
+            ok = isinstance(value, list) and bool(value) and all(_is_item(v, item) for v in value)
+            value = tuple(item(v) for v in value) if ok else value
+        elif kind == "str":
             ok = isinstance(value, str) and bool(value)
-        elif key in SWITCHES:
+        elif kind == "bool":
             ok = isinstance(value, bool)
         else:
             ok = _is_count(value)
         if ok:
             values[key] = value
         else:
-            problems.add(f"paper plan '{path}': base {key} = {value!r} is not {_kind_of(key)}")
+            problems.add(f"paper plan '{path}': base {key} = {value!r} is not {KINDS[kind]}")
     return values
-
-
-def _kind_of(key: str) -> str:
-    if key in LISTS:
-        kinds = {float: "numbers > 0", int: "whole numbers ≥ 0", str: "corpus names (stdlib, bible-web, a file, ...)"}
-        return f"a non-empty list of {kinds[LISTS[key]]}"
-    return "a name" if key in NAMES else "true or false" if key in SWITCHES else "a whole number ≥ 1"
 
 
 def _is_count(value: Any) -> bool:
@@ -194,7 +216,10 @@ def _is_item(value: Any, kind: type) -> bool:
 
 def role_problems(plan: Plan) -> list[str]:
     """Every problem of the plan's models in their roles, from their configs and tokenizers (no weights): the
-    models are read side by side (a large tokenizer takes seconds to parse), each once."""
+    models are read side by side (a large tokenizer takes seconds to parse), each once; each claim's own needs of
+    them (a longer T, a BOS token) as the claims declare them."""
+    from posleak.experiments.paper.claims.registry import CLAIMS  # here: C3's units read `read_facts` from this module
+
     problems = Problems()
     specs = list(dict.fromkeys(plan.roles[role].model for role in ROLE_NAMES))
     with ThreadPoolExecutor(len(specs)) as pool:
@@ -219,8 +244,9 @@ def role_problems(plan: Plan) -> list[str]:
         problems.extend([f"{role} (T = {seq_len}, N = {num_seqs}): {p}" for p in options])
         known = facts[spec]
         if isinstance(known, RoleFacts):
-            window_t = plan.window_seq_len if role in WINDOW_ROLES else None
-            problems.extend(_fact_problems(role, spec, known, seq_len, window_t))
+            longer = [t for claim in CLAIMS for t in claim.positions_needed(plan) if t.role == role]
+            why_bos = next((claim.bos_needed[role] for claim in CLAIMS if role in claim.bos_needed), None)
+            problems.extend(_fact_problems(role, spec, known, seq_len, longer, why_bos))
         elif spec not in reported:  # the model's own problems, once (under the first role that names it)
             reported.add(spec)
             problems.extend([f"{role} model {spec}: {p}" for p in known])
@@ -235,15 +261,19 @@ def _facts_or_problems(spec: str) -> RoleFacts | list[str]:
 
 
 def _fact_problems(
-    role: RoleName, spec: str, facts: RoleFacts, seq_len: int, window_seq_len: int | None = None
+    role: RoleName,
+    spec: str,
+    facts: RoleFacts,
+    seq_len: int,
+    longer: Sequence[LongerT] = (),
+    why_bos: str | None = None,
 ) -> list[str]:
-    """What stops `spec` (facts `facts`) from playing `role` at T = `seq_len`, and at C4's window line's T where
-    the line measures the role's model (`window_seq_len`)."""
+    """What stops `spec` (facts `facts`) from playing `role` at T = `seq_len`, at each T a claim runs it at beyond
+    that (`longer`: `ClaimModule.positions_needed`), and without a BOS token where a claim needs one (`why_bos`)."""
     fix = "give the role a shorter seq_len in the plan file, or another model"
     found = _positions_problems(role, spec, facts, "its T", seq_len, fix)
-    if window_seq_len is not None:
-        fix = "lower window_seq_len in the plan file, or give the role another model"
-        found += _positions_problems(role, spec, facts, "C4's window line's T", window_seq_len, fix)
+    for t in longer:
+        found += _positions_problems(role, spec, facts, t.which, t.seq_len, t.fix)
     window = facts.sliding_window
     if role == "sliding" and window is None:
         found.append(
@@ -255,9 +285,8 @@ def _fact_problems(
             f"sliding model {spec}: its sliding window W = {window} is not shorter than its T = {seq_len}, so the "
             f"window never acts; give the role a seq_len above {window} in the plan file"
         )
-    if role in BOS_ROLES and not facts.has_bos:
-        claim = "C5 replaces its BOS" if role == "bos" else "C6 compares its h_0 with and without a BOS"
-        found.append(f"{role} model {spec}: its tokenizer has no BOS token, and {claim}; give the role another model")
+    if why_bos is not None and not facts.has_bos:
+        found.append(f"{role} model {spec}: its tokenizer has no BOS token, and {why_bos}; give the role another model")
     return found
 
 

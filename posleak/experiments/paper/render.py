@@ -22,18 +22,18 @@ import pandas as pd
 from posleak.errors import BadInput
 from posleak.experiments.batch import safe_name
 from posleak.experiments.paper.claim import ClaimModule
+from posleak.experiments.paper.claims.plans import QUICK
+from posleak.experiments.paper.claims.registry import CLAIMS
 from posleak.experiments.paper.corpora import CORPORA
 from posleak.experiments.paper.effects import POOLED, POOLED_NOTE, PROJECTION_NOTE, pooled_table, projection_table
-from posleak.experiments.paper.plan import QUICK
-from posleak.experiments.paper.run import CLAIMS
 from posleak.experiments.paper.verdict import (
     SAYS,
     Claim,
     Judgement,
     Revision,
     criterion_text,
+    estimate_text,
     once_verdict,
-    quoted,
     revised,
 )
 from posleak.store import atomic_write
@@ -90,7 +90,7 @@ def _rows(claim: Claim, names: Sequence[str]) -> str:
             if not rows.empty:
                 e = rows.iloc[0]
                 mark = "" if e["says"] == SAYS[judgement.verdict] else f", {e['says']}"
-                values.append(f"{sample}: {quoted(e)}{mark}")
+                values.append(f"{sample}: {estimate_text(e)}{mark}")
         parts.append(f"{name}: {'; '.join(values)}")
     return "<br>".join(parts).replace("|", "\\|")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -138,7 +137,7 @@ def write_top(out: RunFolder, plan: Plan, claims: Sequence[Claim], where: Mappin
     manifest = {
         "status": "complete",
         "model": {"id": "paper reproduction"},
-        "plan": dataclasses.asdict(plan),
+        "plan": plan.to_dict(),
         **where,
         "models": _models(claims),
         "corpora": _corpora(claims),

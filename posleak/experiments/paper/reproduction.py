@@ -1,5 +1,6 @@
 """The job plumbing of `posleak paper`: the analyses the claims share, run or resumed as `AnalysisJob`s into
-OUT/runs on a backend, and their results per sample as one typed record.
+OUT/runs on a backend (each claim's `Request`s, merged: posleak.experiments.paper.requests), and their results per
+sample by request (`SampleRuns`).
 
 Every analysis runs on each of two samples of sequences (A and B) that share no document: the corpus's documents
 are dealt into three parts by the seed in the proportions 2:2:1 (`SHARES`, posleak.data.batches.part_documents), A's
@@ -12,27 +13,23 @@ their models; which documents each sample's runs used is read from their manifes
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from posleak.data.batches import TokenBatch
-from posleak.data.kinds import NullKind, Part
+from posleak.data.kinds import Part
 from posleak.experiments.batch import AnalysisJob, ModelCache, draw_sequences, run_analyses
-from posleak.experiments.paper.plan import SAMPLES, SHOWN, Plan, Role, RoleName
-from posleak.interventions import Interventions, ReplaceBos, RopeScaling
+from posleak.experiments.paper.plan import ROLE_NAMES, SAMPLES, Plan, Role, RoleName
+from posleak.experiments.paper.requests import Request
+from posleak.interventions import Interventions
 from posleak.models.load import LoadedModel
 from posleak.pipeline import AnalysisResult, AnalyzeConfig
 from posleak.pipeline.config import MIN_SEQS
 from posleak.store import RunFolder
 
-BOS_KINDS = ("mean", "random", "zero")  # C5: what replaces the BOS's embedding
-# C1, C2: each judged magnitude beside the same on these nulls of its sequences
-NULL_KINDS: tuple[NullKind, ...] = ("shuffle", "shift")
-BASELINE_ROLES: tuple[RoleName, ...] = ("standard", "large-base", "sliding")  # the models C1, C2 (and C4) judge
-SELECTION = "selection"  # the sample C3's heads are chosen on, which judges nothing
+SELECTION = "selection"  # the sample that chooses sink heads (C3's, C6's), which judges nothing
 # The proportions of A, B and SELECTION in the deal of the documents. The selection sample only picks C3's sink heads
 # (α₀ > 0.3, a mean over every later query of its sequences), so half of A's sequences serve it, and the smaller
 # share leaves A and B more of the documents long enough for a window: at T = 512 the stdlib docstrings hold 68–72
@@ -137,84 +134,67 @@ def selection_seqs(num_seqs: int) -> int:
     return max(MIN_SEQS, num_seqs * SHARES[2] // SHARES[0])
 
 
-@dataclass(frozen=True)
-class Analysis:
-    """One shared analysis: the model of `role` under `interventions`, into OUT/runs/FOLDER-SAMPLE; `key` names
-    it in the manifest's runs (with the sample); `null`: on that null of the role's sequences (NULL_KINDS)."""
-
-    key: str
-    role: RoleName
-    folder: str
-    interventions: Interventions = dataclasses.field(default_factory=Interventions)
-    null: NullKind | None = None
-
-
 _SAMPLE_OF = {part: sample for sample, part in PARTS.items()}
 
 
-def shared_analyses(plan: Plan, sample: str = SHOWN) -> list[Analysis]:
-    """The analyses of `sample` that need nothing else, in the order they run: every baseline, the standard model
-    under each NTK factor (C4), the BOS baseline and its replacements (C5), then each null of the models C1 and C2
-    judge, at their own T and N, where the plan runs the nulls on `sample` (`Plan.nulls_both_samples`)."""
-    roles = plan.roles
-    standard, bos = roles["standard"], roles["bos"]
-    ntk = [
-        Analysis(_ntk_key(k), "standard", f"{standard.folder}-ntk{k:g}", Interventions(RopeScaling(f"ntk:{k:g}")))
-        for k in plan.ntk_factors
-    ]
-    replaced = [
-        Analysis(_bos_key(kind), "bos", f"{bos.folder}-{kind}", Interventions(ReplaceBos(kind))) for kind in BOS_KINDS
-    ]
-    plain = {role: Analysis(roles[role].key, role, roles[role].folder) for role in roles}
-    nulls = [
-        Analysis(_null_key(roles[role].key, kind), role, f"{roles[role].folder}-{kind}", null=kind)
-        for role in BASELINE_ROLES
-        for kind in NULL_KINDS
-        if plan.nulls_both_samples or sample == SHOWN
-    ]
-    return [plain["standard"], *ntk, plain["large-base"], plain["sliding"], plain["bos"], *replaced, *nulls]
+def shared_requests(plan: Plan, claims: Iterable[type[ClaimRequests]], sample: str) -> list[Request]:
+    """The analyses of `sample` that need nothing else, each once, in the order they run (`requests.merged`):
+    every role's baseline, then each claim's requests (`ClaimModule.requests`)."""
+    baselines = [Request(role.key, name, role.folder) for name, role in plan.roles.items()]
+    return merged([*baselines, *(r for claim in claims for r in claim.requests(plan, sample))])
 
 
-def _ntk_key(factor: float) -> str:
-    return f"ntk{factor:g}"
+def merged(requests: Iterable[Request]) -> list[Request]:
+    """Each analysis of `requests` once (by key), in the order they run (`_run_order`); two different analyses under
+    one key are refused."""
+    by_key: dict[str, Request] = {}
+    for request in requests:
+        known = by_key.setdefault(request.key, request)
+        if known != request:
+            raise ValueError(f"two analyses are requested as {request.key!r}: {known} and {request}")
+    return sorted(by_key.values(), key=_run_order)
 
 
-def _bos_key(kind: str) -> str:
-    return f"bos-{kind}"
+def _run_order(request: Request) -> tuple[bool, int, bool]:
+    """Where a request runs among a sample's analyses: the nulls last, the others by role, each role's baseline
+    before its intervened runs (else as asked)."""
+    return request.null is not None, ROLE_NAMES.index(request.role), not request.interventions.is_empty
 
 
-def _null_key(role_key: str, kind: str) -> str:
-    return f"{role_key}-{kind}"
+class ClaimRequests(Protocol):
+    """What the plumbing asks of a claim's class: the shared analyses it reads (claim.ClaimModule.requests)."""
+
+    @classmethod
+    def requests(cls, plan: Plan, sample: str) -> list[Request]: ...
 
 
 @dataclass(frozen=True)
 class SampleRuns:
-    """The shared analyses of one sample, each by what it is."""
+    """The shared analyses of one sample: each request's result, by the request's key."""
 
-    standard: AnalysisResult
-    ntk: dict[float, AnalysisResult]  # the standard model under each NTK factor, by factor
-    large_base: AnalysisResult
-    sliding: AnalysisResult
-    bos_baseline: AnalysisResult
-    bos: dict[str, AnalysisResult]  # the BOS replacements, by kind
-    # per role of BASELINE_ROLES, its baseline on each null (none where the plan runs no nulls on the sample)
-    nulls: dict[RoleName, dict[str, AnalysisResult]]
-    keys: tuple[str, ...]  # the manifest key of every run of `named()`, in its order
+    requests: tuple[Request, ...]  # in the order they ran
+    results: tuple[AnalysisResult, ...]  # of each request
+    sample: str
     roles: Mapping[RoleName, Role]  # the model of each role (the plan's)
 
+    def __getitem__(self, key: str) -> AnalysisResult:
+        return self.results[[r.key for r in self.requests].index(key)]
+
+    def get(self, key: str) -> AnalysisResult | None:
+        """The result of the request `key`, or None where it did not run on this sample."""
+        return self[key] if any(r.key == key for r in self.requests) else None
+
+    def baseline(self, role: RoleName) -> AnalysisResult:
+        """The baseline analysis of the model of `role`."""
+        return self[self.roles[role].key]
+
     def all(self) -> list[AnalysisResult]:
-        """Every shared analysis of the sample, in the order they ran."""
-        ntk, bos = list(self.ntk.values()), list(self.bos.values())
-        return [self.standard, *ntk, self.large_base, self.sliding, self.bos_baseline, *bos]
+        """Every shared analysis of the sample but those on a null, in the order they ran."""
+        return [result for r, result in zip(self.requests, self.results, strict=True) if r.null is None]
 
     def by_role(self) -> dict[RoleName, AnalysisResult]:
         """The baseline analysis of each role's model."""
-        return {
-            "standard": self.standard,
-            "large-base": self.large_base,
-            "sliding": self.sliding,
-            "bos": self.bos_baseline,
-        }
+        return {role: self.baseline(role) for role in self.roles}
 
     def models(self) -> dict[RoleName, dict[str, str]]:
         """Per role, the model's spec and the SHA-256 of its weights as its baseline analysis recorded them."""
@@ -226,68 +206,40 @@ class SampleRuns:
     def corpus(self) -> dict[str, Any]:
         """The corpus the sequences came from as the standard baseline recorded it: its name, the SHA-256 of its
         documents and, for a packaged corpus, its package, version and file SHA-256 (Corpus.origin)."""
-        data = self.standard.manifest["data"]
+        data = self.baseline("standard").manifest["data"]
         return {"name": data["source_name"], "sha256": data["source"], "origin": data["source_origin"]}
 
     def named(self) -> Iterator[tuple[str, AnalysisResult]]:
-        """Every shared analysis of the sample with its manifest key: `all()`, then the nulls."""
-        nulls = [result for by_kind in self.nulls.values() for result in by_kind.values()]
-        return zip(self.keys, [*self.all(), *nulls], strict=True)
-
-    def baselines(self) -> dict[str, AnalysisResult]:
-        """The three pretrained models, by the label the evidence gives them (C1, C2, C4)."""
-        return {self.roles[role].label: self.by_role()[role] for role in BASELINE_ROLES}
-
-    def baseline_nulls(self) -> dict[str, dict[str, AnalysisResult]]:
-        """Per label of `baselines()`, its model's analysis on each null of the same sequences (NULL_KINDS)."""
-        return {self.roles[role].label: self.nulls[role] for role in BASELINE_ROLES}
-
-    def ntk_variants(self) -> dict[str, AnalysisResult]:
-        """The standard model under each NTK factor, labelled `MODEL ntk:K`."""
-        return {f"{self.roles['standard'].label} ntk:{k:g}": result for k, result in self.ntk.items()}
-
-    @property
-    def largest_ntk(self) -> AnalysisResult:
-        return self.ntk[max(self.ntk)]
+        """Every shared analysis of the sample with its manifest key (the request's, with the sample)."""
+        return zip([f"{r.key}-{self.sample}" for r in self.requests], self.results, strict=True)
 
 
-def run_shared(repro: Reproduction, compared: Collection[RoleName]) -> dict[str, SampleRuns]:
-    """Run (or read back) every shared analysis on both samples; sample A's first, then B's. Next-token scores
-    are kept where an intervention is compared with the run: every intervened run, and the baselines of the roles
-    `compared` (the claims' `compared_roles`); a null's and any other baseline's are compared with nothing
-    (posleak.pipeline.config.MeasureOptions.scores), and leaving them out skips the model's output layer."""
-    analyses = {sample: shared_analyses(repro.plan, sample) for sample in SAMPLES}
+def run_shared(
+    repro: Reproduction, claims: Iterable[type[ClaimRequests]], compared: Collection[RoleName]
+) -> dict[str, SampleRuns]:
+    """Run (or read back) every shared analysis the `claims` request on both samples; sample A's first, then B's.
+    Next-token scores are kept where an intervention is compared with the run: every intervened run, and the
+    baselines of the roles `compared` (the claims' `compared_roles`); a null's and any other baseline's are compared
+    with nothing (posleak.pipeline.config.MeasureOptions.scores), and leaving them out skips the model's output
+    layer."""
+    requests = {sample: shared_requests(repro.plan, claims, sample) for sample in SAMPLES}
     roles = repro.plan.roles
 
-    def scored(a: Analysis) -> bool:
-        return a.null is None and (not a.interventions.is_empty or a.role in compared)
+    def scored(r: Request) -> bool:
+        return r.null is None and (not r.interventions.is_empty or r.role in compared)
 
     jobs = [
         repro.job(
-            a.folder,
-            roles[a.role].model,
-            repro.config(a.role, interventions=a.interventions, null=a.null, scores=scored(a)),
+            r.folder,
+            roles[r.role].model,
+            repro.config(r.role, interventions=r.interventions, null=r.null, scores=scored(r)),
             sample,
         )
         for sample in SAMPLES
-        for a in analyses[sample]
+        for r in requests[sample]
     ]
     results = iter(repro.run(jobs))
-    runs = {}
-    for sample in SAMPLES:
-        by_key = {a.key: next(results) for a in analyses[sample]}
-        runs[sample] = SampleRuns(
-            standard=by_key[roles["standard"].key],
-            ntk={k: by_key[_ntk_key(k)] for k in repro.plan.ntk_factors},
-            large_base=by_key[roles["large-base"].key],
-            sliding=by_key[roles["sliding"].key],
-            bos_baseline=by_key[roles["bos"].key],
-            bos={kind: by_key[_bos_key(kind)] for kind in BOS_KINDS},
-            nulls={
-                role: {k: by_key[key] for k in NULL_KINDS if (key := _null_key(roles[role].key, k)) in by_key}
-                for role in BASELINE_ROLES
-            },
-            keys=tuple(f"{a.key}-{sample}" for a in analyses[sample]),
-            roles=roles,
-        )
-    return runs
+    return {
+        sample: SampleRuns(tuple(requests[sample]), tuple(next(results) for _ in requests[sample]), sample, roles)
+        for sample in SAMPLES
+    }

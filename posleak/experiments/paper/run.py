@@ -8,17 +8,13 @@ from pathlib import Path
 
 from posleak.errors import BadInput
 from posleak.experiments.paper.behaviour import behaviour_block, behaviour_tables
-from posleak.experiments.paper.c1 import C1
-from posleak.experiments.paper.c2 import C2
-from posleak.experiments.paper.c3 import C3
-from posleak.experiments.paper.c4 import C4
-from posleak.experiments.paper.c5 import C5
-from posleak.experiments.paper.c6 import C6
 from posleak.experiments.paper.claim import ClaimModule
+from posleak.experiments.paper.claims.plans import QUICK
+from posleak.experiments.paper.claims.registry import CLAIMS
 from posleak.experiments.paper.corpora import corpus_folder, corpus_problems, side_by_side
 from posleak.experiments.paper.effects import add_effects
 from posleak.experiments.paper.models import role_problems, role_tokenizers, word_problems
-from posleak.experiments.paper.plan import QUICK, SAMPLES, SHOWN, Plan, RoleName
+from posleak.experiments.paper.plan import SAMPLES, SHOWN, Plan, RoleName
 from posleak.experiments.paper.report import write_outputs, write_top
 from posleak.experiments.paper.reproduction import SELECTION, Reproduction, SampleRuns, run_shared
 from posleak.experiments.paper.samples import document_problems
@@ -28,8 +24,6 @@ from posleak.runner import backend_problems
 from posleak.store import RunFolder
 from posleak.validate import out_folder_problems
 
-CLAIMS: tuple[type[ClaimModule], ...] = (C1, C2, C3, C4, C5, C6)
-
 
 def reproduce(
     out: Path | str,
@@ -37,8 +31,10 @@ def reproduce(
     progress: bool = True,
     backend: str = "local",
     address: str | None = None,
+    claims: Sequence[type[ClaimModule]] = CLAIMS,
 ) -> list[Claim]:
-    """Run every analysis, judge every claim, write `claims.json`, tables and `report.html` into `out`.
+    """Run every analysis, judge every claim (`claims`: the registry's, posleak.experiments.paper.claims), write
+    `claims.json`, tables and `report.html` into `out`.
 
     `backend`: "local" runs the analyses here one after another, in the same waves as Ray's (each wave takes
     each model's analyses together, so that it loads once), and the lab trials side by side, one process per core;
@@ -53,28 +49,28 @@ def reproduce(
         raise BadInput(problems)
     out = Path(out)
     if len(plan.corpora) == 1:
-        return _reproduce_on(Reproduction(out, plan, progress, backend, address))
+        return _reproduce_on(Reproduction(out, plan, progress, backend, address), claims)
     # the whole reproduction on each corpus in its own folder, the lab line once; then the claims side by side
     per_corpus = {}
     for corpus in plan.corpora:
         alone = dataclasses.replace(plan, corpora=(corpus,))
         repro = Reproduction(corpus_folder(out, corpus), alone, progress, backend, address, shared=out)
-        per_corpus[corpus] = _reproduce_on(repro)
+        per_corpus[corpus] = _reproduce_on(repro, claims)
     claims = side_by_side(per_corpus)
     add_effects(claims)  # pooled within each corpus, from the joined claim's samples
     write_top(RunFolder(out), plan, claims, {"corpus_folders": {c: str(corpus_folder(out, c)) for c in plan.corpora}})
     return claims
 
 
-def _reproduce_on(repro: Reproduction) -> list[Claim]:
+def _reproduce_on(repro: Reproduction, claims: Sequence[type[ClaimModule]]) -> list[Claim]:
     """The reproduction on the plan's one corpus, into its folder: the claims judged, their outputs written."""
-    modules = [claim(repro) for claim in CLAIMS]
+    modules = [claim(repro) for claim in claims]
     for module in modules:
         module.before_shared()
-    runs = run_shared(repro, frozenset().union(*(module.compared_roles() for module in modules)))
+    runs = run_shared(repro, claims, frozenset().union(*(module.compared_roles() for module in modules)))
     for module in modules:
         module.measure(runs)
-    claims = judged(repro, modules, runs)
+    claims = judged_claims(repro, modules, runs)
     add_effects(claims)
     write_outputs(repro, claims, runs)
     return claims
@@ -104,7 +100,7 @@ def claim_words() -> dict[RoleName, list[str]]:
     return words
 
 
-def judged(repro: Reproduction, modules: Sequence[ClaimModule], runs: Mapping[str, SampleRuns]) -> list[Claim]:
+def judged_claims(repro: Reproduction, modules: Sequence[ClaimModule], runs: Mapping[str, SampleRuns]) -> list[Claim]:
     """Every claim judged on each sample, with its tables (written per sample, shown for sample A), its effect on
     the loss, the sentence against the paper and its figures."""
     claims = [

@@ -1,6 +1,6 @@
 """How a claim of arXiv 2606.06160 is judged: rows of evidence, each sample's verdict, the two samples' verdict.
 
-Each claim's criterion (c1.py … c6.py) names the effects it expects, their direction and a minimum size, and is
+Each claim's criterion (claims/c1 … claims/c6) names the effects it expects, their direction and a minimum size, and is
 judged on the bootstrap interval of each effect (evidence.py). The criteria were first written before any data were
 seen (2026-11-30) and have been revised since, after verdicts had been seen: each claim module dates its
 revisions and says why (`ClaimModule.revisions`, `Revision`; docs/method.md §13, Revisions). A row of
@@ -229,7 +229,7 @@ def _beyond(e: Mapping[str, Any]) -> float:
     return min(abs(lo - threshold), abs(hi - threshold)) / scale if scale > 0 else 0.0
 
 
-def quoted(e: Mapping[str, Any]) -> str:
+def estimate_text(e: Mapping[str, Any]) -> str:
     """A row of evidence for a sentence: its value, unit and interval."""
     interval = "" if pd.isna(e["lo"]) else f" ({e['lo']:.3g} to {e['hi']:.3g})"
     return f"{e['value']:.4g}{' ' + e['unit'] if e['unit'] else ''}{interval}"
@@ -273,7 +273,7 @@ def with_once(samples: Verdict, once: Mapping[str, Judgement], required: Sequenc
     return "not consistent" if "not consistent" in verdicts else "inconclusive"
 
 
-def row(
+def evidence_row(
     evidence: str, estimate: Estimate, threshold: float, direction: Direction, unit: str, deciding: bool = True
 ) -> dict[str, Any]:
     lo, hi = estimate.interval
@@ -284,7 +284,7 @@ def row(
     return {**dict(zip(EVIDENCE_COLUMNS, values, strict=True)), JUDGED: Judged(estimate, ((threshold, direction),))}
 
 
-def fact(
+def fact_row(
     evidence: str, value: float, holds: bool, fails: bool, threshold: str, unit: str = "", deciding: bool = True
 ) -> dict[str, Any]:
     """A row without an interval, for a property computed exactly (the closed system): it supports the

@@ -15,8 +15,10 @@ from transformers import PreTrainedModel
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.data.batches import TokenBatch
 from posleak.experiments.evidence import Estimate, sequence_mean
-from posleak.experiments.paper.plan import ROLE_NAMES, RoleName
-from posleak.experiments.paper.reproduction import SELECTION, Reproduction
+from posleak.experiments.paper.claims.c6.options import C6Options
+from posleak.experiments.paper.plan import ROLE_NAMES, SAMPLES, Plan, RoleName
+from posleak.experiments.paper.reproduction import SELECTION, Reproduction, selection_seqs
+from posleak.experiments.paper.requests import SampleNeed
 from posleak.interventions import Interventions, RemoveSinkReads
 from posleak.interventions.patching import source_token
 from posleak.measure.bootstrap import resampling_units
@@ -36,6 +38,21 @@ PROBE_POSITIONS = (*range(8, FINGERPRINT_SEQ_LEN - 1, 8), FINGERPRINT_SEQ_LEN - 
 IDENTITY_COLUMNS = tuple(f"{what}{end}" for what in ("accuracy", "removed", "control") for end in ("", "_lo", "_hi"))
 # the roles whose models may be probed: those whose tokenizer does not prepend a BOS (`fingerprint_models`)
 PROBE_ROLES: tuple[RoleName, ...] = ROLE_NAMES
+FINGERPRINT_ROLES: tuple[RoleName, ...] = ("sliding", "standard")  # the models whose first token is probed
+
+
+def probe_needs(plan: Plan) -> list[SampleNeed]:
+    """The probe's draws: each role's model without a BOS (any may be probed: whether its tokenizer prepends a BOS
+    is known once it is loaded), and its choice of heads on the selection sample (C3's roles share theirs with C3:
+    the same draw, checked once)."""
+    needs, probed = [], plan.option(C6Options).fingerprint_seqs
+    for role in PROBE_ROLES:
+        what = f"C6's probe of the {role} model"
+        needs.append(SampleNeed(what, role, FINGERPRINT_SEQ_LEN, probed, "off", SAMPLES, "fingerprint_seqs"))
+        num_seqs = plan.size(role)[1]
+        what, fix = f"C6's selection of the {role} model's sink heads", f"the {role} role's num_seqs"
+        needs.append(SampleNeed(what, role, plan.sink_seq_len, selection_seqs(num_seqs), "auto", (SELECTION,), fix))
+    return needs
 
 
 @dataclass(frozen=True)
@@ -190,7 +207,9 @@ def _probe_inputs(
     first tokens' ids and the config that drew them."""
     model = repro.plan.roles[role].model
     loaded = repro.model(model)
-    config = repro.config(role, seq_len=FINGERPRINT_SEQ_LEN, num_seqs=repro.plan.fingerprint_seqs, bos="off")
+    config = repro.config(
+        role, seq_len=FINGERPRINT_SEQ_LEN, num_seqs=repro.plan.option(C6Options).fingerprint_seqs, bos="off"
+    )
     vocab = loaded.facts.vocab_size
     candidates = [source_token(loaded.tokenizer, word, vocab, "C6's first token") for word in FIRST_TOKENS]
     return loaded, repro.sample(model, config, sample), candidates, config

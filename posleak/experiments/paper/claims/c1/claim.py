@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from posleak.data.kinds import NullKind
 from posleak.experiments.evidence import Estimate, layer_mean, percent_change
 from posleak.experiments.paper.claim import (
     ACROSS_CORPORA,
@@ -16,14 +17,20 @@ from posleak.experiments.paper.claim import (
     REPLICATED,
     ROWS_ESTIMAND,
     ClaimModule,
-    quote,
+    evidence_text,
 )
-from posleak.experiments.paper.reproduction import NULL_KINDS, SampleRuns
-from posleak.experiments.paper.verdict import Judgement, Revision, judge, row
+from posleak.experiments.paper.claims.c1.options import C1Options
+from posleak.experiments.paper.plan import SHOWN, Plan, RoleName
+from posleak.experiments.paper.reproduction import SampleRuns
+from posleak.experiments.paper.requests import Request
+from posleak.experiments.paper.thresholds import MIN_MAGNITUDE
+from posleak.experiments.paper.verdict import Judgement, Revision, evidence_row, judge
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
 
-MIN_MAGNITUDE = 0.05  # nats: C1, C2. A log-attention term of 0.05 nats moves attention weights by about 5%.
+BASELINE_ROLES: tuple[RoleName, ...] = ("standard", "large-base", "sliding")  # the models C1, C2 (and C4) judge
+# C1, C2: each judged magnitude beside the same on these nulls of its sequences
+NULL_KINDS: tuple[NullKind, ...] = ("shuffle", "shift")
 MEASURES = ("resid_all", "mask_all")
 # resid_all split by keys (docs/method.md §3: resid² = key0² + rest²), reported beside it: how much of the
 # residual-stream component is the column of key 0, a sink's, and how much the other keys carry
@@ -47,6 +54,34 @@ C1_CRITERION = (
 )
 
 
+def null_requests(plan: Plan, sample: str) -> list[Request]:
+    """Each null of the models C1 and C2 judge, at their own T and N, where the plan runs the nulls on `sample`
+    (`Plan.nulls_both_samples`)."""
+    if not (plan.option(C1Options).nulls_both_samples or sample == SHOWN):
+        return []
+    roles = plan.roles
+    return [
+        Request(f"{roles[role].key}-{kind}", role, f"{roles[role].folder}-{kind}", null=kind)
+        for role in BASELINE_ROLES
+        for kind in NULL_KINDS
+    ]
+
+
+def baselines(runs: SampleRuns) -> dict[str, AnalysisResult]:
+    """The three pretrained models, by the label the evidence gives them (C1, C2, C4)."""
+    return {runs.roles[role].label: runs.baseline(role) for role in BASELINE_ROLES}
+
+
+def baseline_nulls(runs: SampleRuns) -> dict[str, dict[str, AnalysisResult]]:
+    """Per label of `baselines`, its model's analysis on each null of the same sequences that ran (NULL_KINDS)."""
+    return {
+        runs.roles[role].label: {
+            kind: result for kind in NULL_KINDS if (result := runs.get(f"{runs.roles[role].key}-{kind}")) is not None
+        }
+        for role in BASELINE_ROLES
+    }
+
+
 def claim_c1(
     models: Mapping[str, AnalysisResult], nulls: Mapping[str, Mapping[str, AnalysisResult]] | None = None
 ) -> Judgement:
@@ -57,7 +92,7 @@ def claim_c1(
         own = (nulls or {}).get(label, {})
         for measure in MEASURES:
             estimate = layer_mean(result, measure)
-            rows.append(row(f"{label}: {measure}", estimate, MIN_MAGNITUDE, "above", "nats"))
+            rows.append(evidence_row(f"{label}: {measure}", estimate, MIN_MAGNITUDE, "above", "nats"))
             rows += key_rows(label, measure, result) + null_rows(label, measure, own)
         if ATTRIBUTED_NULL in own:
             rows.append(orderless_share(label, result, own[ATTRIBUTED_NULL]))
@@ -68,7 +103,7 @@ def key_rows(label: str, measure: str, result: AnalysisResult) -> list[dict[str,
     """A residual-stream magnitude's key-0 column and the rest (layer means), reported (not deciding); none for
     the mask's, which has no such split, or for a run whose tables lack the split (written before it)."""
     return [
-        row(
+        evidence_row(
             f"{label}: {measure}, {what}",
             layer_mean(result, f"{measure}_{part}"),
             MIN_MAGNITUDE,
@@ -84,7 +119,9 @@ def key_rows(label: str, measure: str, result: AnalysisResult) -> list[dict[str,
 def null_rows(label: str, measure: str, nulls: Mapping[str, AnalysisResult]) -> list[dict[str, Any]]:
     """The magnitude `measure` on each null of the model's sequences, reported (not deciding)."""
     return [
-        row(f"{label}: {measure}, {kind} null", layer_mean(nulls[kind], measure), MIN_MAGNITUDE, "above", "nats", False)
+        evidence_row(
+            f"{label}: {measure}, {kind} null", layer_mean(nulls[kind], measure), MIN_MAGNITUDE, "above", "nats", False
+        )
         for kind in NULL_KINDS
         if kind in nulls
     ]
@@ -96,13 +133,13 @@ def orderless_share(label: str, text: AnalysisResult, null: AnalysisResult) -> d
     change = percent_change(text, null, "resid_all")
     share = Estimate(100 + change.value, 100 + change.samples, change.units)
     name = f"{label}: resid_all kept without word order ({ATTRIBUTED_NULL} / text)"
-    return row(name, share, ORDERLESS_MOST, "above", "%", deciding=False)
+    return evidence_row(name, share, ORDERLESS_MOST, "above", "%", deciding=False)
 
 
 class C1(ClaimModule):
     name = "C1"
     statement = "RoPE-trained models show absolute position in their attention patterns."
-    roles = ("standard", "large-base", "sliding")
+    roles = BASELINE_ROLES
     criterion = C1_CRITERION
     revisions = (
         REPLICATED,
@@ -134,21 +171,27 @@ class C1(ClaimModule):
         "§2–3); the magnitudes averaged over layers, resid_all's key-0 column and the rest beside it."
     )
 
+    @classmethod
+    def requests(cls, plan: Plan, sample: str) -> list[Request]:
+        return null_requests(plan, sample)
+
     def judge(self, runs: SampleRuns, sample: str) -> Judgement:
-        return claim_c1(runs.baselines(), runs.baseline_nulls())
+        return claim_c1(baselines(runs), baseline_nulls(runs))
 
     def against_paper(self, judgement: Judgement, runs: SampleRuns) -> str:
         model = runs.roles["standard"].label
         kept = judgement.evidence["evidence"][judgement.evidence["evidence"].str.startswith(f"{model}: resid_all kept")]
-        share = f"; with its tokens shuffled {quote(judgement, kept.iloc[0])} of it remains" if len(kept) else ""
+        share = (
+            f"; with its tokens shuffled {evidence_text(judgement, kept.iloc[0])} of it remains" if len(kept) else ""
+        )
         return (
             "The paper finds absolute position in the attention of RoPE models; here the residual-stream "
-            f"magnitude is {quote(judgement, f'{model}: resid_all')} in {model} and the causal-mask one "
-            f"{quote(judgement, f'{model}: mask_all')}{share}."
+            f"magnitude is {evidence_text(judgement, f'{model}: resid_all')} in {model} and the causal-mask one "
+            f"{evidence_text(judgement, f'{model}: mask_all')}{share}."
         )
 
     def figures(self, runs: SampleRuns) -> list[Path]:
-        models = {label: result.per_layer for label, result in runs.baselines().items()}
+        models = {label: result.per_layer for label, result in baselines(runs).items()}
         return [
             figures.lines_by_run(
                 models,

@@ -25,15 +25,18 @@ from typing import Any
 import pandas as pd
 
 from posleak.experiments.evidence import Estimate, depth_slope
-from posleak.experiments.paper.c4_lab import SLOPE_UNIT
-from posleak.experiments.paper.plan import SAMPLES, Plan
+from posleak.experiments.paper.claims.c4.lab import SLOPE_UNIT
+from posleak.experiments.paper.claims.c4.options import C4Options
+from posleak.experiments.paper.plan import SAMPLES, Plan, RoleName
 from posleak.experiments.paper.reproduction import Reproduction
-from posleak.experiments.paper.verdict import Judgement, fact, judge, replicated, row
+from posleak.experiments.paper.requests import LongerT, SampleNeed
+from posleak.experiments.paper.verdict import Judgement, evidence_row, fact_row, judge, replicated
 from posleak.pipeline import AnalysisResult
 
 WINDOW = "window"  # the part's name among the claim's parts judged once (claims.json's `once`)
 WINDOW_ROW = "(2) slope beyond the window"  # the start of the name of its deciding row
 SPANS = 4  # the line decides only where T ≥ SPANS · W (docs/method.md §3)
+WINDOW_ROLES: tuple[RoleName, ...] = ("sliding", "standard")  # the models it measures at its T
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,29 @@ class WindowComparison:
         return f"i ≥ {self.window}, T = {self.seq_len}, {self.corpus}"
 
 
+def window_needs(plan: Plan) -> list[SampleNeed]:
+    """The line's draws where the plan measures it: both models at its T, on its corpus."""
+    options = plan.option(C4Options)
+    if options.window_seq_len is None:
+        return []
+    seq_len, num_seqs, fix = options.window_seq_len, options.window_num_seqs, "window_num_seqs or window_seq_len"
+    return [
+        SampleNeed(
+            f"C4's window line ({role} model)", role, seq_len, num_seqs, "auto", SAMPLES, fix, options.window_corpus
+        )
+        for role in WINDOW_ROLES
+    ]
+
+
+def window_positions(plan: Plan) -> list[LongerT]:
+    """The line's T, which each of its models must hold, where the plan measures it."""
+    seq_len = plan.option(C4Options).window_seq_len
+    if seq_len is None:
+        return []
+    fix = "lower window_seq_len in the plan file, or give the role another model"
+    return [LongerT(role, "C4's window line's T", seq_len, fix) for role in WINDOW_ROLES]
+
+
 def not_measured(plan: Plan) -> str:
     """Why a plan without `window_seq_len` cannot test the line."""
     return (
@@ -88,10 +114,11 @@ def window_runs(repro: Reproduction) -> dict[str, tuple[AnalysisResult, Analysis
     not measure the line or the sliding model has no window shorter than that T. Both without next-token scores:
     they are compared by their magnitudes only."""
     plan = repro.plan
-    if plan.window_seq_len is None:
+    options = plan.option(C4Options)
+    if options.window_seq_len is None:
         return {}
     root = repro.shared / WINDOW
-    sizes = {"seq_len": plan.window_seq_len, "num_seqs": plan.window_num_seqs, "corpus": plan.window_corpus}
+    sizes = {"seq_len": options.window_seq_len, "num_seqs": options.window_num_seqs, "corpus": options.window_corpus}
     sliding_role, standard_role = plan.roles["sliding"], plan.roles["standard"]
     config = repro.config("sliding", **sizes, scores=False)
     jobs = [repro.job(sliding_role.folder, sliding_role.model, config, s, root) for s in SAMPLES]
@@ -111,7 +138,7 @@ def claim_window(comparisons: Mapping[str, WindowComparison], why_none: str) -> 
     slope above 0, deciding where T ≥ SPANS·W; both slopes reported. Its verdict replicates over the samples, each
     judged on its own rows (Holm's rule within them)."""
     if not comparisons:
-        row_ = fact(f"{WINDOW_ROW}: {why_none}", 0, False, False, "a measured line", deciding=False)
+        row_ = fact_row(f"{WINDOW_ROW}: {why_none}", 0, False, False, "a measured line", deciding=False)
         return judge([row_])
     judged = {sample: judge(window_rows(sample, c)) for sample, c in comparisons.items()}
     frame = pd.concat([j.evidence for j in judged.values()], ignore_index=True)
@@ -124,8 +151,10 @@ def window_rows(sample: str, window: WindowComparison) -> list[dict[str, Any]]:
     then each slope."""
     below = "" if window.wide else f"; T below {SPANS}W: reported"
     name = f"{sample}: {WINDOW_ROW} ({window.where}{below}): sliding − standard"
-    rows = [row(name, window.sliding.minus(window.standard), 0.0, "above", SLOPE_UNIT, deciding=window.wide)]
+    rows = [evidence_row(name, window.sliding.minus(window.standard), 0.0, "above", SLOPE_UNIT, deciding=window.wide)]
     sliding = f"sliding ({window.windowed} windowed layers of {window.layers})"
     for label, estimate in ((sliding, window.sliding), ("standard", window.standard)):
-        rows.append(row(f"{sample}: slope beyond the window: {label}", estimate, 0.0, "above", SLOPE_UNIT, False))
+        rows.append(
+            evidence_row(f"{sample}: slope beyond the window: {label}", estimate, 0.0, "above", SLOPE_UNIT, False)
+        )
     return rows

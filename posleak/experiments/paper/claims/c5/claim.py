@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 
@@ -25,29 +25,30 @@ from posleak.experiments.paper.claim import (
     REPLICATED,
     ROWS_ESTIMAND,
     ClaimModule,
-    quote,
+    evidence_text,
     rounded,
 )
-from posleak.experiments.paper.plan import SHOWN, RoleName
+from posleak.experiments.paper.plan import SHOWN, Plan, RoleName
 from posleak.experiments.paper.reproduction import SampleRuns
+from posleak.experiments.paper.requests import Request
+from posleak.experiments.paper.thresholds import BOS_BAND, BOS_TOLERANCE, PAPER_BOS_REMOVED
 from posleak.experiments.paper.verdict import (
     EVIDENCE_COLUMNS,
     JUDGED,
     Judged,
     Judgement,
     Revision,
+    evidence_row,
     exact_p,
     judge,
-    row,
 )
+from posleak.interventions import Interventions, ReplaceBos
 from posleak.measure.behaviour import behaviour_table
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
 from posleak.report.html import TableBlock
 
-PAPER_BOS_REMOVED = 40.0  # the paper's "about 40%" of the early residual-stream component
-BOS_TOLERANCE = 20.0  # points either side of the paper's figure that still count as meeting it
-BOS_BAND = (PAPER_BOS_REMOVED - BOS_TOLERANCE, PAPER_BOS_REMOVED + BOS_TOLERANCE)
+BOS_KINDS = ("mean", "random", "zero")  # what replaces the BOS's embedding
 # The one replacement that decides, named on 2026-12-03 (docs/method.md §13; all three had run since 2026-11-30,
 # so its interval had been seen, and the criterion is dated as revised): the vocabulary mean takes away
 # what the BOS token is while keeping an embedding of the scale and direction a token has; zeros (no input at all)
@@ -86,6 +87,15 @@ class Replacement:
         return self.replaced[part].minus(self.baseline[part])
 
 
+def _bos_key(kind: str) -> str:
+    return f"bos-{kind}"
+
+
+def replaced_runs(runs: SampleRuns) -> dict[str, AnalysisResult]:
+    """The BOS model under each replacement, by kind (BOS_KINDS)."""
+    return {kind: runs[_bos_key(kind)] for kind in BOS_KINDS}
+
+
 def replacement(baseline: AnalysisResult, replaced: AnalysisResult) -> Replacement:
     """The early residual-stream component and its parts, before and after one replacement."""
     return Replacement(
@@ -112,8 +122,13 @@ def claim_c5(replacements: Mapping[str, Replacement]) -> Judgement:
     for kind, effect in replacements.items():
         rows.append(_band_row(removed_name(kind), effect.removed[WHOLE], deciding=kind == DECIDING))
         parts = [part for part in KEY_PARTS if part != WHOLE]
-        rows += [row(removed_name(kind, part), effect.removed[part], 0.0, "above", "%", False) for part in parts]
-        rows += [row(change_name(kind, part), effect.change(part), 0.0, "below", "nats", False) for part in KEY_PARTS]
+        rows += [
+            evidence_row(removed_name(kind, part), effect.removed[part], 0.0, "above", "%", False) for part in parts
+        ]
+        rows += [
+            evidence_row(change_name(kind, part), effect.change(part), 0.0, "below", "nats", False)
+            for part in KEY_PARTS
+        ]
     return judge(rows)
 
 
@@ -193,6 +208,7 @@ class C5(ClaimModule):
         "early queries."
     )
     roles = ("bos",)
+    bos_needed: ClassVar[Mapping[RoleName, str]] = {"bos": "C5 replaces its BOS"}
     criterion = C5_CRITERION
     revisions = (
         REPLICATED,
@@ -224,6 +240,14 @@ class C5(ClaimModule):
             "baseline (docs/method.md §9)."
         )
 
+    @classmethod
+    def requests(cls, plan: Plan, sample: str) -> list[Request]:
+        """The BOS model with its BOS's embedding replaced by each of BOS_KINDS."""
+        folder = plan.roles["bos"].folder
+        return [
+            Request(_bos_key(kind), "bos", f"{folder}-{kind}", Interventions(ReplaceBos(kind))) for kind in BOS_KINDS
+        ]
+
     def compared_roles(self) -> frozenset[RoleName]:
         return frozenset({"bos"})  # the BOS replacements against the BOS baseline
 
@@ -231,11 +255,11 @@ class C5(ClaimModule):
         """Each replacement's effect on the component and on the loss, by sample and replacement (no analysis)."""
         resamples = self.repro.plan.bootstrap
         self.replacements = {
-            sample: {kind: replacement(r.bos_baseline, new) for kind, new in r.bos.items()}
+            sample: {kind: replacement(r.baseline("bos"), new) for kind, new in replaced_runs(r).items()}
             for sample, r in runs.items()
         }
         self.losses = {
-            sample: {kind: loss_change(r.bos_baseline, new, resamples) for kind, new in r.bos.items()}
+            sample: {kind: loss_change(r.baseline("bos"), new, resamples) for kind, new in replaced_runs(r).items()}
             for sample, r in runs.items()
         }
 
@@ -270,14 +294,15 @@ class C5(ClaimModule):
         ]
 
     def interventions(self, runs: SampleRuns, sample: str) -> dict[str, tuple[AnalysisResult, AnalysisResult]]:
-        return {f"replace-bos {kind}": (runs.bos_baseline, new) for kind, new in runs.bos.items()}
+        return {f"replace-bos {kind}": (runs.baseline("bos"), new) for kind, new in replaced_runs(runs).items()}
 
     def against_paper(self, judgement: Judgement, runs: SampleRuns) -> str:
         def said(kind: str) -> str:
             loss = self.losses[SHOWN][kind].loc["all"]
+            key0, rest = (evidence_text(judgement, removed_name(kind, f"{WHOLE}_{part}")) for part in ("key0", "rest"))
             return (
-                f"{quote(judgement, removed_name(kind))}: {quote(judgement, removed_name(kind, f'{WHOLE}_key0'))} "
-                f"through the key-0 column and {quote(judgement, removed_name(kind, f'{WHOLE}_rest'))} through the "
+                f"{evidence_text(judgement, removed_name(kind))}: {key0} "
+                f"through the key-0 column and {rest} through the "
                 f"other keys, at {loss.change:+.3g} nats of next-token loss ({loss.change_lo:+.3g} to "
                 f"{loss.change_hi:+.3g})"
             )
@@ -290,7 +315,7 @@ class C5(ClaimModule):
         )
 
     def figures(self, runs: SampleRuns) -> list[Path]:
-        removed = {kind: removed_by_layer(runs.bos_baseline, new) for kind, new in runs.bos.items()}
+        removed = {kind: removed_by_layer(runs.baseline("bos"), new) for kind, new in replaced_runs(runs).items()}
         title = f"resid_early² removed by BOS replacement ({runs.roles['bos'].name}, sample {SHOWN})"
         path = self.repro.out.figure_path("c5_removed")
         return [figures.lines_by_run(removed, "removed", path, title=title, ylabel="removed (% of resid_early²)")]

@@ -22,11 +22,20 @@ from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.data.kinds import BosPolicy
 from posleak.experiments.batch import AnalysisJob
 from posleak.experiments.evidence import Estimate, percent_change
-from posleak.experiments.paper.c5 import BOS_BAND
+from posleak.experiments.paper.claims.c3.heads import (
+    control_pool,
+    head_list,
+    heads_by_layer,
+    matched_controls,
+    sink_heads,
+)
+from posleak.experiments.paper.claims.c3.options import C3Options
 from posleak.experiments.paper.models import read_facts
-from posleak.experiments.paper.plan import RoleName
-from posleak.experiments.paper.reproduction import SELECTION, Reproduction, SampleRuns
-from posleak.experiments.paper.verdict import fact, row
+from posleak.experiments.paper.plan import SAMPLES, Plan, RoleName
+from posleak.experiments.paper.reproduction import SELECTION, Reproduction, SampleRuns, selection_seqs
+from posleak.experiments.paper.requests import SampleNeed
+from posleak.experiments.paper.thresholds import BOS_BAND
+from posleak.experiments.paper.verdict import evidence_row, fact_row
 from posleak.interventions import AblateSinkValues, HoldSinkClock, Interventions, PatchKv0, PatchPos0
 from posleak.pipeline import AnalysisResult, AnalyzeConfig
 
@@ -97,13 +106,13 @@ def c3_units(repro: Reproduction) -> list[Unit]:
     """Each C3 role's model in its shared baseline's BOS setting, then in the other where its tokenizer allows
     (off where a BOS stands at position 0; on where the tokenizer has a BOS token it does not prepend) when the
     plan asks for both settings."""
-    units = []
+    units, options = [], repro.plan.option(C3Options)
     for role in C3_ROLES:
         spec = repro.plan.roles[role]
         # the shared baseline's --bos auto puts a BOS at 0 where the tokenizer prepends one (data.batches.pos0_token)
         at_0 = repro.model(spec.model).facts.auto_bos
-        units.append(Unit(role, "auto", at_0, _label(spec.name, at_0), spec.folder, repro.plan.c3_reported))
-        if repro.plan.c3_both_bos and (at_0 or read_facts(spec.model).has_bos):
+        units.append(Unit(role, "auto", at_0, _label(spec.name, at_0), spec.folder, options.reported))
+        if options.both_bos and (at_0 or read_facts(spec.model).has_bos):
             other: BosPolicy = "off" if at_0 else "on"
             units.append(Unit(role, other, not at_0, _label(spec.name, not at_0), f"{spec.folder}-bos{other}"))
     return units
@@ -111,68 +120,6 @@ def c3_units(repro: Reproduction) -> list[Unit]:
 
 def _label(name: str, bos_at_0: bool) -> str:
     return f"{name} ({'BOS' if bos_at_0 else 'no BOS'} at 0)"
-
-
-def sink_heads(per_head: pd.DataFrame) -> pd.DataFrame:
-    """Every sink head (α₀ > ε) outside the model's last layer (a head there has no later layers to change),
-    strongest first."""
-    heads = per_head[(per_head["sink_score"] > SINK_THRESHOLD) & (per_head["layer"] < per_head["layer"].max())]
-    return heads.sort_values("sink_score", ascending=False).reset_index(drop=True)
-
-
-CLOCK = "resid_all_key0"  # a head's clock: what of its w the column of key 0 holds, which the clock removal takes away
-
-
-def control_pool(per_head: pd.DataFrame) -> pd.DataFrame:
-    """The heads a control may take: the non-sink heads (α₀ ≤ ε) outside the last layer, as `sink_heads`."""
-    return per_head[(per_head["sink_score"] <= SINK_THRESHOLD) & (per_head["layer"] < per_head["layer"].max())]
-
-
-def matched_controls(per_head: pd.DataFrame, sinks: pd.DataFrame, draw: int) -> pd.DataFrame:
-    """For each sink head a non-sink head outside the last layer, matched on what the clock removal takes away:
-    from the sink head's layer, the non-sink head whose clock (`CLOCK`, its key-0 column of w on the selection
-    sample) is nearest the sink head's. Draw k takes its heads from those that draws 0..k−1 left, where the layer
-    has some (so the draws differ and draw 0 is the best match); where a layer has too few, the rest come from the
-    nearest layers with some left (ties by clock, then head). Sink heads are matched strongest clock first, so the
-    largest clocks get the nearest match. Call it only where the pool holds at least as many heads as `sinks`
-    (`Design.of`: a unit with fewer cannot test C3)."""
-    pool = control_pool(per_head)
-    earlier = {i for k in range(draw) for i in _matched(pool, sinks, set())}
-    return pool.loc[_matched(pool, sinks, earlier)].sort_values(["layer", "head"]).reset_index(drop=True)
-
-
-def _matched(pool: pd.DataFrame, sinks: pd.DataFrame, earlier: set[int]) -> list[int]:
-    """The index in `pool` of each sink head's control (`matched_controls`), avoiding `earlier` where it can."""
-    clock = pool[CLOCK].fillna(0.0)  # sigmoid attention has no key-0 split: then by layer and head alone
-    chosen: list[int] = []
-    for _, sink in sinks.sort_values(CLOCK, ascending=False, na_position="last").iterrows():
-        left = pool.drop(chosen)
-        if left.empty:
-            break
-        fresh = left.drop([i for i in earlier if i in left.index])
-        left = fresh if (fresh["layer"] == sink["layer"]).any() else left
-        order = pd.DataFrame(
-            {
-                "distance": (left["layer"] - sink["layer"]).abs(),
-                "gap": (clock[left.index] - (0.0 if pd.isna(sink[CLOCK]) else sink[CLOCK])).abs(),
-                "head": left["head"],
-            }
-        )
-        chosen.append(order.sort_values(["distance", "gap", "head"]).index[0])
-    return chosen
-
-
-def head_list(heads: pd.DataFrame) -> str:
-    """The `--ablate-sink-values` / `--kv0-heads` form of a table of heads: L.H,L.H,..."""
-    return ",".join(f"{layer}.{head}" for layer, head in zip(heads["layer"], heads["head"], strict=True))
-
-
-def heads_by_layer(heads: pd.DataFrame) -> str:
-    """A table of heads for reading: `L3: 0 5 7; L4: 2`, layers in order (spaces let a report's cell wrap)."""
-    if heads.empty:
-        return "-"
-    by_layer = heads.sort_values(["layer", "head"]).groupby("layer")["head"]
-    return "; ".join(f"L{layer}: {' '.join(str(h) for h in group)}" for layer, group in by_layer)
 
 
 @dataclass
@@ -225,6 +172,36 @@ class Design:
             runs["ablate-control0"] = (Interventions(AblateSinkValues(head_list(self.controls[0]))), self.controls[0])
             runs["patch-pos0"] = (Interventions(PatchPos0(PATCH_SOURCE)), None)
         return runs
+
+
+def unit_needs(plan: Plan) -> list[SampleNeed]:
+    """The draws of C3's units: each role's baseline on the selection sample at the plan's sink_seq_len (C6 chooses
+    its heads on the same runs), and, where the plan runs C3 in both BOS settings, each without a BOS (a window of T
+    content tokens, the longer)."""
+    needs = []
+    for role in C3_ROLES:
+        seq_len, num_seqs = plan.size(role)
+        selection, sink_t, fix = selection_seqs(num_seqs), plan.sink_seq_len, f"the {role} role's num_seqs or seq_len"
+        what = f"C3's and C6's selection of the {role} model's sink heads"
+        needs.append(SampleNeed(what, role, sink_t, selection, "auto", (SELECTION,), fix))
+        if plan.option(C3Options).both_bos:
+            what = f"C3's {role} model without a BOS"
+            needs.append(SampleNeed(what, role, seq_len, num_seqs, "off", SAMPLES, fix))
+            needs.append(SampleNeed(what, role, sink_t, selection, "off", (SELECTION,), fix))
+    return needs
+
+
+def unit_analyses(plan: Plan) -> int:
+    """C3's analyses on one corpus where every unit can test C3 (sink heads, and as many non-sink heads outside the
+    last layer to match them: `Design.untestable`): on each sample each unit's runs (`Design.interventions`), and
+    each unit's baseline on the selection sample. A plan that also runs C3 in each model's other BOS setting
+    (`c3_both_bos`) adds units as each model's tokenizer allows: it is refused."""
+    if plan.option(C3Options).both_bos:
+        raise ValueError(f"plan {plan.name!r} runs C3 in the other BOS setting where a tokenizer allows: not counted")
+    head = pd.DataFrame({"layer": [0], "head": [0]})
+    design = Design(head, [head] * plan.option(C3Options).control_draws, [0], pool=1)
+    per_unit = len(design.interventions(plan.option(C3Options).reported))
+    return len(SAMPLES) * len(C3_ROLES) * per_unit + len(C3_ROLES)
 
 
 def unit_config(repro: Reproduction, unit: Unit) -> AnalyzeConfig:
@@ -297,7 +274,7 @@ def unit_rows(
     position-0 patch are reported with (b), whose question of what is read at key 0 they widen."""
     if untestable is not None:  # reported, deciding nothing: the unit is left out of each question (c3.over_units)
         return {
-            q.key: [fact(f"{label}: ({q.key}) {untestable}", 0, False, False, "a matched control", deciding=False)]
+            q.key: [fact_row(f"{label}: ({q.key}) {untestable}", 0, False, False, "a matched control", deciding=False)]
             for q in QUESTIONS
         }
     rows = {q.key: question_rows(label, q, changes) for q in QUESTIONS}
@@ -319,18 +296,18 @@ def question_rows(label: str, question: Question, changes: Mapping[str, Estimate
     of each control (paired difference below 0); each control's own change, reported."""
     name = f"{label}: ({question.key}) {question.what}"
     sinks = changes[f"{question.run}-sinks"]
-    rows = [row(f"{label}: {question.deciding}", sinks, -question.lowering, "below", "%")]
+    rows = [evidence_row(f"{label}: {question.deciding}", sinks, -question.lowering, "below", "%")]
     for k in range(len(changes)):
         if (control := changes.get(f"{question.run}-control{k}")) is not None:
             rows += [
-                row(f"{name} − control {k}", sinks.minus(control), 0.0, "below", "% points"),
+                evidence_row(f"{name} − control {k}", sinks.minus(control), 0.0, "below", "% points"),
                 _reported(f"{name} of control {k}: change", control, question.lowering),
             ]
     return rows
 
 
 def _reported(evidence: str, change: Estimate, lowering: float) -> dict[str, Any]:
-    return row(evidence, change, -lowering, "below", "%", deciding=False)
+    return evidence_row(evidence, change, -lowering, "below", "%", deciding=False)
 
 
 @dataclass(frozen=True)
@@ -347,7 +324,7 @@ def select_units(repro: Reproduction) -> list[Selected]:
     analyses: which units can test C3, and so which shared baselines C3 compares its runs with, follows from them."""
     units = c3_units(repro)
     results = repro.run([baseline_job(repro, u, SELECTION) for u in units])
-    draws = repro.plan.control_draws
+    draws = repro.plan.option(C3Options).control_draws
     return [Selected(u, r, Design.of(r, draws)) for u, r in zip(units, results, strict=True)]
 
 

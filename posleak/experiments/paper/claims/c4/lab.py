@@ -12,10 +12,11 @@ from typing import Any
 
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.experiments.evidence import Estimate, depth_slope, layer_mean, percent_change, seed_mean
-from posleak.experiments.paper.c1 import MIN_MAGNITUDE
+from posleak.experiments.paper.claims.c4.options import C4Options
 from posleak.experiments.paper.plan import Plan
 from posleak.experiments.paper.reproduction import Reproduction
-from posleak.experiments.paper.verdict import Judgement, fact, judge, row
+from posleak.experiments.paper.thresholds import MIN_MAGNITUDE
+from posleak.experiments.paper.verdict import Judgement, evidence_row, fact_row, judge
 from posleak.lab.plan import run_trials
 from posleak.lab.trainer import TrainConfig
 from posleak.lab.trial import EvalConfig, Trial, trial_folder
@@ -134,32 +135,36 @@ def claim_c4_lab(lab: LabRuns) -> Judgement:
     untestable = lab.untestable()
     rows = [*_testability_rows(lab)]
     for line, why in untestable.items():
-        rows.append(fact(f"lab {line} line: untestable ({'; '.join(why)})", 0, False, False, TO_TEST, deciding=False))
+        rows.append(
+            fact_row(f"lab {line} line: untestable ({'; '.join(why)})", 0, False, False, TO_TEST, deciding=False)
+        )
     for (high, low), measure in COMPARED.items():
         where = " beyond the window" if measure == "resid_beyond" else ""
         change = lab.slope(high, measure).minus(lab.slope(low, measure))
         deciding = COMPARED_LINE[(high, low)] not in untestable
         name = f"(3) lab slope{where}: {LABEL[high]} − {LABEL[low]}"
-        difference = row(name, change, 0.0, "above", SLOPE_UNIT, deciding=deciding)
+        difference = evidence_row(name, change, 0.0, "above", SLOPE_UNIT, deciding=deciding)
         if difference["says"] == "supports" and not lab.seeds_ordered(high, low, measure):
             difference["says"] = "unclear"  # the seed means agree, single seeds do not
         rows.append(difference)
     ntk = lab.level_change("ntk", "rope")
     deciding = "NTK at inference" not in untestable
     name = "(4) lab: NTK at inference against none, resid_all"
-    rows.append(row(name, ntk, -MIN_NTK_LOWERING, "below", "%", deciding))
+    rows.append(evidence_row(name, ntk, -MIN_NTK_LOWERING, "below", "%", deciding))
     if "large-base" in lab.runs:
         large = lab.slope("rope").minus(lab.slope("large-base"))
-        rows.append(row("lab slope: rope − large base (trained)", large, 0.0, "above", SLOPE_UNIT, deciding=False))
+        rows.append(
+            evidence_row("lab slope: rope − large base (trained)", large, 0.0, "above", SLOPE_UNIT, deciding=False)
+        )
         level = lab.level_change("large-base", "rope")
         name = "lab: large base (trained) against rope, resid_all"
-        rows.append(row(name, level, -MIN_NTK_LOWERING, "below", "%", deciding=False))
+        rows.append(evidence_row(name, level, -MIN_NTK_LOWERING, "below", "%", deciding=False))
     for variant in lab.variants():
         name = f"lab slope: {LABEL[variant]} (seed mean)"
-        rows.append(row(name, lab.slope(variant), 0.0, "above", SLOPE_UNIT, deciding=False))
+        rows.append(evidence_row(name, lab.slope(variant), 0.0, "above", SLOPE_UNIT, deciding=False))
         beyond = lab.slope(variant, "resid_beyond")
         name = f"lab slope beyond the window: {LABEL[variant]} (seed mean)"
-        rows.append(row(name, beyond, 0.0, "above", SLOPE_UNIT, deciding=False))
+        rows.append(evidence_row(name, beyond, 0.0, "above", SLOPE_UNIT, deciding=False))
     return judge(rows)
 
 
@@ -172,9 +177,9 @@ def _testability_rows(lab: LabRuns) -> list[dict[str, Any]]:
         weakest = min(tested.sinks)
         has = weakest > SINK_THRESHOLD
         name = f"lab {LABEL[variant]}: largest α₀, weakest seed"
-        rows.append(fact(name, weakest, has, not has, f"> {SINK_THRESHOLD}", deciding=False))
+        rows.append(fact_row(name, weakest, has, not has, f"> {SINK_THRESHOLD}", deciding=False))
         name = f"lab {LABEL[variant]}: resid_all (mean over layers, seed mean)"
-        rows.append(row(name, tested.resid, MIN_MAGNITUDE, "above", "nats", deciding=False))
+        rows.append(evidence_row(name, tested.resid, MIN_MAGNITUDE, "above", "nats", deciding=False))
     return rows
 
 
@@ -196,15 +201,15 @@ def lab_trials(plan: Plan) -> list[Trial]:
     large base (θ·K^(D/(D−2)) from the start, K the largest NTK factor), same data, steps and seeds; each analysed,
     and the RoPE-trained one analysed again under NTK scaling ×K at inference (the same weights, `Trial.train_key`:
     no training)."""
-    factor = max(plan.ntk_factors)
+    factor = max(plan.option(C4Options).ntk_factors)
     rope = LabSpec(size="deep")
     specs = {
         "rope": rope,
-        "window": LabSpec(size="deep", attention=f"window:{plan.lab_seq_len // 4}"),
+        "window": LabSpec(size="deep", attention=f"window:{plan.lab.seq_len // 4}"),
         "large-base": LabSpec(size="deep", rope_scaling=f"ntk:{factor:g}"),
         "ntk": rope,
     }
-    if not plan.lab_large_base:  # reported, not judged (LAB_LINES): --quick leaves it out, for time
+    if not plan.option(C4Options).lab_large_base:  # reported, not judged (LAB_LINES): --quick leaves it out, for time
         del specs["large-base"]
     # the lab model's NTK scaling at inference: the formula of the rope_scaling intervention (θ·K^(D/(D−2)))
     overrides = {"ntk": (("rope_scale_kind", "ntk"), ("rope_factor", factor))}
@@ -212,18 +217,18 @@ def lab_trials(plan: Plan) -> list[Trial]:
     evaluation = EvalConfig(
         length_multiples=(1,),
         probe_seqs=8,
-        analyze_seqs=plan.lab_analyze_seqs,
+        analyze_seqs=plan.lab.analyze_seqs,
         bootstrap=plan.bootstrap,
-        beyond=plan.lab_seq_len // 4,
+        beyond=plan.lab.seq_len // 4,
     )
-    steps = plan.lab_steps
+    steps = plan.lab.steps
     return [
         Trial(
             variant,
             spec,
             TrainConfig(
                 steps=steps,
-                seq_len=plan.lab_seq_len,
+                seq_len=plan.lab.seq_len,
                 seed=seed,
                 device=plan.placement.device if plan.placement.device_map is None else "auto",
                 # TrainConfig's schedule (50, 100, 200), shortened for fewer steps
@@ -235,5 +240,5 @@ def lab_trials(plan: Plan) -> list[Trial]:
             overrides.get(variant, ()),
         )
         for variant, spec in specs.items()
-        for seed in plan.lab_seeds
+        for seed in plan.lab.seeds
     ]

@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from posleak.experiments.evidence import layer_mean
-from posleak.experiments.paper.c1 import MIN_MAGNITUDE, null_rows
 from posleak.experiments.paper.claim import (
     ACROSS_CORPORA,
     BY_DOCUMENT,
@@ -14,10 +13,14 @@ from posleak.experiments.paper.claim import (
     REPLICATED,
     ROWS_ESTIMAND,
     ClaimModule,
-    quote,
+    evidence_text,
 )
+from posleak.experiments.paper.claims.c1.claim import baseline_nulls, baselines, null_requests, null_rows
+from posleak.experiments.paper.plan import Plan
 from posleak.experiments.paper.reproduction import SampleRuns
-from posleak.experiments.paper.verdict import Judgement, Revision, judge, row
+from posleak.experiments.paper.requests import Request
+from posleak.experiments.paper.thresholds import MIN_MAGNITUDE
+from posleak.experiments.paper.verdict import Judgement, Revision, evidence_row, judge
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
 
@@ -37,7 +40,7 @@ def claim_c2(
     rows = []
     for label, result in models.items():
         estimate = layer_mean(result, "mask_early")
-        rows.append(row(f"{label}: mask_early", estimate, MIN_MAGNITUDE, "above", "nats"))
+        rows.append(evidence_row(f"{label}: mask_early", estimate, MIN_MAGNITUDE, "above", "nats"))
         rows += null_rows(label, "mask_early", (nulls or {}).get(label, {}))
     return judge(rows)
 
@@ -68,16 +71,20 @@ class C2(ClaimModule):
         "admits of g(d) beside it (docs/method.md §2–3)."
     )
 
+    @classmethod
+    def requests(cls, plan: Plan, sample: str) -> list[Request]:
+        return null_requests(plan, sample)  # C1's: the same nulls, run once
+
     def judge(self, runs: SampleRuns, sample: str) -> Judgement:
-        return claim_c2(runs.baselines(), runs.baseline_nulls())
+        return claim_c2(baselines(runs), baseline_nulls(runs))
 
     def against_paper(self, judgement: Judgement, runs: SampleRuns) -> str:
         model = runs.roles["standard"].label
         return (
             "The paper traces one source to the causal mask's denominator; here its early-query magnitude is "
-            f"{quote(judgement, f'{model}: mask_early')} in {model}."
+            f"{evidence_text(judgement, f'{model}: mask_early')} in {model}."
         )
 
     def figures(self, runs: SampleRuns) -> list[Path]:
-        standard, path = runs.standard, self.repro.out.figure_path("c2_profiles")
+        standard, path = runs.baseline("standard"), self.repro.out.figure_path("c2_profiles")
         return [figures.profiles_figure(standard.profiles, standard.per_layer, path)]

@@ -3,7 +3,7 @@ component, sliding windows let it accumulate with depth, standard RoPE sits betw
 
 Four lines: NTK scaling at inference on the standard model and the slopes of the standard model and the NTK-scaled
 one, judged on each sample; the window line, the sliding-window model against the standard one beyond the window at
-T ≥ 4W, judged once on its own corpus (posleak.experiments.paper.c4_window), which the claim needs
+T ≥ 4W, judged once on its own corpus (posleak.experiments.paper.claims.c4.window), which the claim needs
 (`required_once`); and the controlled lab line, an 8-layer lab decoder trained with full causal RoPE and a sliding
 window (its slopes) and the RoPE-trained one under NTK scaling at inference (its slope and level), judged once over
 its seeds (`Claim.once`): the lab trains on its own data, so a sample of the corpus adds nothing to it. A decoder
@@ -24,24 +24,6 @@ import pandas as pd
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.experiments.compare import summarise
 from posleak.experiments.evidence import Estimate, depth_slope, percent_change
-from posleak.experiments.paper.c1 import MIN_MAGNITUDE
-from posleak.experiments.paper.c4_lab import (
-    LAB,
-    LABEL,
-    MIN_NTK_LOWERING,
-    SLOPE_UNIT,
-    claim_c4_lab,
-    lab_runs,
-)
-from posleak.experiments.paper.c4_window import (
-    SPANS,
-    WINDOW,
-    WINDOW_ROW,
-    WindowComparison,
-    claim_window,
-    not_measured,
-    window_runs,
-)
 from posleak.experiments.paper.claim import (
     ACROSS_CORPORA,
     BY_DOCUMENT,
@@ -49,12 +31,38 @@ from posleak.experiments.paper.claim import (
     REPLICATED,
     ROWS_ESTIMAND,
     ClaimModule,
-    quote,
+    evidence_text,
     rounded,
 )
-from posleak.experiments.paper.plan import SHOWN, RoleName
+from posleak.experiments.paper.claims.c1.claim import baselines
+from posleak.experiments.paper.claims.c4.lab import (
+    LAB,
+    LABEL,
+    MIN_NTK_LOWERING,
+    SLOPE_UNIT,
+    claim_c4_lab,
+    lab_runs,
+    lab_trials,
+)
+from posleak.experiments.paper.claims.c4.options import C4Options
+from posleak.experiments.paper.claims.c4.window import (
+    SPANS,
+    WINDOW,
+    WINDOW_ROLES,
+    WINDOW_ROW,
+    WindowComparison,
+    claim_window,
+    not_measured,
+    window_needs,
+    window_positions,
+    window_runs,
+)
+from posleak.experiments.paper.plan import SAMPLES, SHOWN, Plan, RoleName
 from posleak.experiments.paper.reproduction import SampleRuns
-from posleak.experiments.paper.verdict import Judgement, Revision, judge, row
+from posleak.experiments.paper.requests import LongerT, Request, SampleNeed
+from posleak.experiments.paper.thresholds import MIN_MAGNITUDE
+from posleak.experiments.paper.verdict import Judgement, Revision, evidence_row, judge
+from posleak.interventions import Interventions, RopeScaling
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
 from posleak.report.html import TableBlock
@@ -89,13 +97,15 @@ def claim_c4(
     ntk_change: Estimate, slopes: Mapping[str, Estimate], reported: Mapping[str, Estimate] | None = None
 ) -> Judgement:
     """Line (1) and line (2)'s standard − NTK on one sample (the window line is judged once:
-    posleak.experiments.paper.c4_window). `ntk_change`: % change of resid_all under the largest NTK factor;
+    posleak.experiments.paper.claims.c4.window). `ntk_change`: % change of resid_all under the largest NTK factor;
     `slopes`: resid_all slope against relative depth of "standard" and "ntk" (paired); `reported`: further slopes
     shown beside the evidence (the sliding model on all queries, a model trained with a large base), not judged."""
-    rows = [row("(1) NTK at inference: change of resid_all", ntk_change, -MIN_NTK_LOWERING, "below", "%")]
-    rows.append(row("(2) slope: standard − NTK", slopes["standard"].minus(slopes["ntk"]), 0.0, "above", SLOPE_UNIT))
+    rows = [evidence_row("(1) NTK at inference: change of resid_all", ntk_change, -MIN_NTK_LOWERING, "below", "%")]
+    rows.append(
+        evidence_row("(2) slope: standard − NTK", slopes["standard"].minus(slopes["ntk"]), 0.0, "above", SLOPE_UNIT)
+    )
     for name, estimate in {**slopes, **(reported or {})}.items():
-        rows.append(row(f"slope: {name}", estimate, 0.0, "above", SLOPE_UNIT, deciding=False))
+        rows.append(evidence_row(f"slope: {name}", estimate, 0.0, "above", SLOPE_UNIT, deciding=False))
     return judge(rows)
 
 
@@ -105,9 +115,14 @@ def _base(result: AnalysisResult) -> str:
     return f"{theta:.0e}".replace("e+0", "e").replace("e+", "e")
 
 
-def _variants(runs: SampleRuns) -> dict[str, AnalysisResult]:
-    """The pretrained models and the standard one under each NTK factor, by label."""
-    return {**runs.baselines(), **runs.ntk_variants()}
+def ntk_key(factor: float) -> str:
+    """The key of the standard model's run under NTK factor `factor` (the manifest's runs, with the sample)."""
+    return f"ntk{factor:g}"
+
+
+def ntk_runs(runs: SampleRuns, factors: tuple[float, ...]) -> dict[float, AnalysisResult]:
+    """The standard model under each NTK factor, by factor."""
+    return {k: runs[ntk_key(k)] for k in factors}
 
 
 class C4(ClaimModule):
@@ -117,7 +132,7 @@ class C4(ClaimModule):
         "residual-stream component, sliding windows let it accumulate with depth, standard RoPE sits between."
     )
     roles = ("standard", "large-base", "sliding")
-    required_once = (WINDOW,)  # the line of the sliding window the claim names (c4_window)
+    required_once = (WINDOW,)  # the line of the sliding window the claim names (window.py)
     criterion = C4_CRITERION
     revisions = (
         REPLICATED,
@@ -176,8 +191,43 @@ class C4(ClaimModule):
         "compared on the queries beyond the window at equal T (docs/method.md §3, §6, §13)."
     )
 
+    @classmethod
+    def requests(cls, plan: Plan, sample: str) -> list[Request]:
+        """The standard model under each NTK factor."""
+        folder = plan.roles["standard"].folder
+        return [
+            Request(ntk_key(k), "standard", f"{folder}-ntk{k:g}", Interventions(RopeScaling(f"ntk:{k:g}")))
+            for k in plan.option(C4Options).ntk_factors
+        ]
+
+    @classmethod
+    def sample_needs(cls, plan: Plan) -> list[SampleNeed]:
+        return window_needs(plan)
+
+    @classmethod
+    def positions_needed(cls, plan: Plan) -> list[LongerT]:
+        return window_positions(plan)
+
+    @classmethod
+    def own_analyses(cls, plan: Plan) -> int:
+        """The window line's two models on each sample, where the plan measures it (`window_runs`)."""
+        return 0 if plan.option(C4Options).window_seq_len is None else len(SAMPLES) * len(WINDOW_ROLES)
+
+    @classmethod
+    def lab_models(cls, plan: Plan) -> int:
+        """The lab models of the controlled line (`lab_trials`; the NTK trials reuse the RoPE ones' weights)."""
+        return len({trial.train_key for trial in lab_trials(plan)})
+
     def compared_roles(self) -> frozenset[RoleName]:
         return frozenset({"standard"})  # the NTK-scaled runs against the standard model
+
+    def _ntk(self, runs: SampleRuns) -> dict[float, AnalysisResult]:
+        return ntk_runs(runs, self.repro.plan.option(C4Options).ntk_factors)
+
+    def _variants(self, runs: SampleRuns) -> dict[str, AnalysisResult]:
+        """The pretrained models and the standard one under each NTK factor (labelled `MODEL ntk:K`), by label."""
+        standard = runs.roles["standard"].label
+        return {**baselines(runs), **{f"{standard} ntk:{k:g}": run for k, run in self._ntk(runs).items()}}
 
     def measure(self, runs: Mapping[str, SampleRuns]) -> None:
         self.at_window = window_runs(self.repro)
@@ -187,16 +237,15 @@ class C4(ClaimModule):
         self.lab_judgement = claim_c4_lab(self.lab)
 
     def judge(self, runs: SampleRuns, sample: str) -> Judgement:
-        slopes = {
-            "standard": depth_slope(runs.standard, "resid_all"),
-            "ntk": depth_slope(runs.largest_ntk, "resid_all"),
-        }
-        large = runs.large_base
+        ntk = self._ntk(runs)
+        standard, largest_ntk = runs.baseline("standard"), ntk[max(ntk)]
+        slopes = {"standard": depth_slope(standard, "resid_all"), "ntk": depth_slope(largest_ntk, "resid_all")}
+        large = runs.baseline("large-base")
         reported = {
-            f"{runs.roles['sliding'].name} (all queries)": depth_slope(runs.sliding, "resid_all"),
+            f"{runs.roles['sliding'].name} (all queries)": depth_slope(runs.baseline("sliding"), "resid_all"),
             f"trained base {_base(large)} ({runs.roles['large-base'].name})": depth_slope(large, "resid_all"),
         }
-        ntk_change = percent_change(runs.standard, runs.largest_ntk, "resid_all")
+        ntk_change = percent_change(standard, largest_ntk, "resid_all")
         return claim_c4(ntk_change, slopes, reported)
 
     def once(self) -> dict[str, Judgement]:
@@ -227,17 +276,19 @@ class C4(ClaimModule):
         """The architecture comparison (posleak.experiments.compare), of the shown sample only."""
         if sample != SHOWN:
             return []
-        summary = pd.DataFrame([summarise(label, r.per_layer) for label, r in _variants(runs).items()])
+        variants = self._variants(runs)
+        summary = pd.DataFrame([summarise(label, r.per_layer) for label, r in variants.items()])
         self.repro.out.write_table("comparison", summary)
         return [TableBlock(f"Architecture comparison (sample {SHOWN})", rounded(summary), source="comparison.parquet")]
 
     def interventions(self, runs: SampleRuns, sample: str) -> dict[str, tuple[AnalysisResult, AnalysisResult]]:
-        return {f"ntk:{k:g}": (runs.standard, run) for k, run in runs.ntk.items()}
+        return {f"ntk:{k:g}": (runs.baseline("standard"), run) for k, run in self._ntk(runs).items()}
 
     def against_paper(self, judgement: Judgement, runs: SampleRuns) -> str:
+        ntk = evidence_text(judgement, "(1) NTK at inference: change of resid_all")
         return (
             "The paper reports NTK suppressing the residual-stream component and sliding windows accumulating it; "
-            f"here NTK scaling changes it by {quote(judgement, '(1) NTK at inference: change of resid_all')}, and "
+            f"here NTK scaling changes it by {ntk}, and "
             f"beyond the window, the slope of the sliding-window model minus the standard one is "
             f"{self._window_quote()}."
         )
@@ -249,11 +300,13 @@ class C4(ClaimModule):
         names = judgement.evidence["evidence"]
         if not self.window:
             return names.iloc[0].removeprefix(f"{WINDOW_ROW}: ")
-        return "; ".join(f"{name.split(': ')[0]}: {quote(judgement, name)}" for name in names if WINDOW_ROW in name)
+        return "; ".join(
+            f"{name.split(': ')[0]}: {evidence_text(judgement, name)}" for name in names if WINDOW_ROW in name
+        )
 
     def figures(self, runs: SampleRuns) -> list[Path]:
         out = self.repro.out
-        variants = {label: result.per_layer for label, result in _variants(runs).items()}
+        variants = {label: result.per_layer for label, result in self._variants(runs).items()}
         lab = {
             f"lab {LABEL[variant]} seed {k}": r.per_layer
             for variant, rs in self.lab.runs.items()

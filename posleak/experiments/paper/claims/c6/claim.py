@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 import torch
@@ -24,8 +24,18 @@ import torch
 from posleak.capture import CaptureSession, ResidualCapture
 from posleak.capture.query_stats import SINK_THRESHOLD
 from posleak.data.batches import TokenBatch, iter_batches, without_bos
-from posleak.experiments.paper.c6_probe import (
+from posleak.experiments.paper.claim import (
+    ACROSS_CORPORA,
+    BY_DOCUMENT,
+    HOLM_RULE,
+    REPLICATED,
+    ClaimModule,
+    evidence_text,
+)
+from posleak.experiments.paper.claims.c6.options import C6Options
+from posleak.experiments.paper.claims.c6.probe import (
     CHANCE,
+    FINGERPRINT_ROLES,
     FINGERPRINT_SEQ_LEN,
     FIRST_TOKENS,
     PROBE_POSITIONS,
@@ -33,12 +43,13 @@ from posleak.experiments.paper.c6_probe import (
     IdentityProbe,
     fingerprint_models,
     measure_probe,
+    probe_needs,
     select_heads,
 )
-from posleak.experiments.paper.claim import ACROSS_CORPORA, BY_DOCUMENT, HOLM_RULE, REPLICATED, ClaimModule, quote
-from posleak.experiments.paper.plan import FINGERPRINT_ROLES, SAMPLES, SHOWN, RoleName
+from posleak.experiments.paper.plan import SAMPLES, SHOWN, Plan, RoleName
 from posleak.experiments.paper.reproduction import Reproduction, SampleRuns
-from posleak.experiments.paper.verdict import Judgement, Revision, fact, judge, row
+from posleak.experiments.paper.requests import SampleNeed
+from posleak.experiments.paper.verdict import Judgement, Revision, evidence_row, fact_row, judge
 from posleak.measure.position0 import fingerprint_constancy
 from posleak.models.load import LoadedModel
 from posleak.report import figures
@@ -80,19 +91,25 @@ def claim_c6(probes: Mapping[str, IdentityProbe]) -> Judgement:
         if why is not None:
             count = sum(map(len, probe.heads.sinks.values()))
             name, threshold = f"{label}: untestable: {why}", "≥ 1, 1 control each"
-            rows.append(fact(name, count, False, False, threshold, "sink heads", deciding=False))
+            rows.append(fact_row(name, count, False, False, threshold, "sink heads", deciding=False))
         if probe.removed is None:
             continue
         deciding = why is None
         rows += [
-            row(f"{label}: first-token accuracy", probe.carried(), CHANCE + MIN_EFFECT, "above", "%", deciding),
-            row(f"{label}: {SINK_CHANGE}", probe.change(probe.removed), -MIN_EFFECT, "below", "% points", deciding),
+            evidence_row(
+                f"{label}: first-token accuracy", probe.carried(), CHANCE + MIN_EFFECT, "above", "%", deciding
+            ),
+            evidence_row(
+                f"{label}: {SINK_CHANGE}", probe.change(probe.removed), -MIN_EFFECT, "below", "% points", deciding
+            ),
         ]
         if probe.control is not None:
             sinks, control = probe.change(probe.removed), probe.change(probe.control)
             rows += [
-                row(f"{label}: {SINK_CHANGE} − {CONTROL_CHANGE}", sinks.minus(control), 0.0, "below", "% points"),
-                row(f"{label}: {CONTROL_CHANGE}", control, -MIN_EFFECT, "below", "% points", deciding=False),
+                evidence_row(
+                    f"{label}: {SINK_CHANGE} − {CONTROL_CHANGE}", sinks.minus(control), 0.0, "below", "% points"
+                ),
+                evidence_row(f"{label}: {CONTROL_CHANGE}", control, -MIN_EFFECT, "below", "% points", deciding=False),
             ]
     return judge(rows)
 
@@ -111,7 +128,9 @@ def fingerprint_table(repro: Reproduction, role: RoleName, sample: str) -> pd.Da
     """`layer, fingerprint_cos_bos, fingerprint_cos_nobos` for the model of `role` and one sample (reported)."""
     model = repro.plan.roles[role].model
     loaded = repro.model(model)
-    config = repro.config(role, seq_len=FINGERPRINT_SEQ_LEN, num_seqs=repro.plan.fingerprint_seqs, bos="on")
+    config = repro.config(
+        role, seq_len=FINGERPRINT_SEQ_LEN, num_seqs=repro.plan.option(C6Options).fingerprint_seqs, bos="on"
+    )
     with_bos = repro.sample(model, config, sample)
     states_bos = position0_states(loaded, with_bos, repro.plan.batch_size)
     states_nobos = position0_states(loaded, without_bos(with_bos), repro.plan.batch_size)
@@ -131,6 +150,14 @@ class C6(ClaimModule):
         "inputs with an auto-prepended BOS, varying with the token otherwise."
     )
     roles = PROBE_ROLES
+    bos_needed: ClassVar[Mapping[RoleName, str]] = {
+        role: "C6 compares its h_0 with and without a BOS" for role in FINGERPRINT_ROLES
+    }
+
+    @classmethod
+    def sample_needs(cls, plan: Plan) -> list[SampleNeed]:
+        return probe_needs(plan)
+
     words = FIRST_TOKENS
     criterion = C6_CRITERION
     revisions = (
@@ -216,10 +243,11 @@ class C6(ClaimModule):
             if (why := probe.heads.untestable()) is not None:
                 parts.append(f"{model} untestable ({why})")
             elif f"{model}: first-token accuracy" in shown:
+                beyond = evidence_text(judgement, f"{model}: {SINK_CHANGE} − {CONTROL_CHANGE}")
                 parts.append(
-                    f"{model} {quote(judgement, f'{model}: first-token accuracy')}, changed by "
-                    f"{quote(judgement, f'{model}: {SINK_CHANGE}')} without its sink heads' reads of key 0, "
-                    f"{quote(judgement, f'{model}: {SINK_CHANGE} − {CONTROL_CHANGE}')} beyond the matched controls'"
+                    f"{model} {evidence_text(judgement, f'{model}: first-token accuracy')}, changed by "
+                    f"{evidence_text(judgement, f'{model}: {SINK_CHANGE}')} without its sink heads' reads of key 0, "
+                    f"{beyond} beyond the matched controls'"
                 )
         found = "; ".join(parts) if parts else "no model without a BOS to probe"
         return (

@@ -1,6 +1,6 @@
 """C3: position 0 is a closed system; later queries read its trajectory through sink-reading heads.
 
-Judged on every model of C3's roles in each BOS setting its tokenizer allows (the units of c3_units.py), each with
+Judged on every model of C3's roles in each BOS setting its tokenizer allows (the units of units.py), each with
 its sink heads and their matched controls chosen on a selection sample that judges nothing, as two questions
 (docs/method.md §13): (a) do the sink heads carry position to later queries (their clock removed), which with the
 closed system decides the claim; (b) does it matter which trajectory they read (their position-0 key and value
@@ -16,7 +16,17 @@ from typing import Any
 import pandas as pd
 
 from posleak.capture.query_stats import SINK_THRESHOLD
-from posleak.experiments.paper.c3_units import (
+from posleak.experiments.paper.claim import (
+    ACROSS_CORPORA,
+    BY_DOCUMENT,
+    HOLM_RULE,
+    REPLICATED,
+    ROWS_ESTIMAND,
+    ClaimModule,
+    evidence_text,
+    rounded,
+)
+from posleak.experiments.paper.claims.c3.units import (
     C3_ROLES,
     MIN_CLOCK_LOWERING,
     MIN_PATCH_LOWERING,
@@ -25,20 +35,13 @@ from posleak.experiments.paper.c3_units import (
     UnitEvidence,
     measure_units,
     select_units,
+    unit_analyses,
+    unit_needs,
 )
-from posleak.experiments.paper.claim import (
-    ACROSS_CORPORA,
-    BY_DOCUMENT,
-    HOLM_RULE,
-    REPLICATED,
-    ROWS_ESTIMAND,
-    ClaimModule,
-    quote,
-    rounded,
-)
-from posleak.experiments.paper.plan import SHOWN, RoleName
+from posleak.experiments.paper.plan import SHOWN, Plan, RoleName
 from posleak.experiments.paper.reproduction import SampleRuns
-from posleak.experiments.paper.verdict import HOLM, Judgement, Revision, fact, judge
+from posleak.experiments.paper.requests import SampleNeed
+from posleak.experiments.paper.verdict import HOLM, Judgement, Revision, fact_row, judge
 from posleak.pipeline import AnalysisResult
 from posleak.report import figures
 from posleak.report.html import TableBlock, Verdict
@@ -111,7 +114,7 @@ def claim_c3(closed: Mapping[str, float], units: UnitRows) -> Judgement:
     units (docs/method.md §13); question (b)'s rows read as reported in the claim's evidence: they decide (b)
     (`question_verdicts`, `over_units`), not the claim."""
     spread = max(closed.values())
-    closed_row = fact(
+    closed_row = fact_row(
         "closed system: largest relative spread of h_0",
         spread,
         spread <= CLOSED_HOLDS,
@@ -214,6 +217,14 @@ class C3(ClaimModule):
         "that of another token (docs/method.md §9, §13)."
     )
 
+    @classmethod
+    def sample_needs(cls, plan: Plan) -> list[SampleNeed]:
+        return unit_needs(plan)
+
+    @classmethod
+    def own_analyses(cls, plan: Plan) -> int:
+        return unit_analyses(plan)
+
     def before_shared(self) -> None:
         """Every unit's baseline on the selection sample, and the heads it chose."""
         self.selected = select_units(self.repro)
@@ -293,7 +304,7 @@ class C3(ClaimModule):
         units = self.evidence[SHOWN]
         changes = {
             q.key: "; ".join(
-                f"{label}, {len(u.design.sinks)} sink heads: {quote(judgement, f'{label}: {q.deciding}')}"
+                f"{label}, {len(u.design.sinks)} sink heads: {evidence_text(judgement, f'{label}: {q.deciding}')}"
                 for label, u in units.items()
                 if u.runs
             )
