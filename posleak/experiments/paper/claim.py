@@ -28,35 +28,34 @@ from posleak.experiments.paper.verdict import HOLM, Judgement, Revision, estimat
 from posleak.pipeline import AnalysisResult
 from posleak.report.html import TableBlock
 
-# The first verdicts (the test suite's `posleak paper --quick`, 2026-11-30) came from one sample, and issue 11 found
+# The first verdicts (the test suite's `posleak paper --quick`, 2026-11-30) came from one sample, and a review found
 # criteria that could hardly fail; every criterion was rewritten on 2026-12-01 (each module says how) and judged so.
 REPLICATED = Revision(
     "2026-12-01",
     "judged on two disjoint samples of sequences, A and B, and consistent or not consistent only where both agree "
-    "(before: one sample); effects with a direction and a minimum size judged on their 95% intervals (issue 11)",
+    "(before: one sample); effects with a direction and a minimum size judged on their 95% intervals",
 )
 ROWS_ESTIMAND = Revision(
     "2026-12-03",
     "the magnitudes judged are those of the decomposition by rows, mean ℓ = g + c + w (method §3), in place of the "
     "earlier g, m, r: the earlier residual-stream magnitude counted a Jensen gap of the softmax denominator as "
     "absolute position (0.03–0.30 nats of resid_all in a planted layer with none), so a threshold on it could not "
-    "fail, and the causal-mask magnitude about doubled under the new one (issue 33)",
+    "fail, and the causal-mask magnitude about doubled under the new one",
 )
 HOLM_RULE = Revision(
     "2026-12-03",
     "contradictions counted under Holm's step-down rule over the claim's deciding rows (family_wise), in place of "
-    "any one row contradicting alone at 2.5%, which gave about 20% false contradictions per sample of 5–9 rows "
-    "(issue 34)",
+    "any one row contradicting alone at 2.5%, which gave about 20% false contradictions per sample of 5–9 rows",
 )
 BY_DOCUMENT = Revision(
     "2026-12-04",
     "samples A and B cut from disjoint documents, and the intervals resampling documents, not sequences: windows of "
-    "one document had stood in both samples and been resampled as if independent (issue 34)",
+    "one document had stood in both samples and been resampled as if independent",
 )
 ACROSS_CORPORA = Revision(
     "2026-12-04",
     "the full plan judges on two corpora (stdlib, bible-web), consistent or not consistent only where every corpus "
-    "is (verdict.across_corpora): every verdict had rested on one corpus (issue 34)",
+    "is (verdict.across_corpora): every verdict had rested on one corpus",
 )
 
 

@@ -105,7 +105,7 @@ class Plan:
     lab: LabBudget
     # T at which every claim chooses sink heads (α₀ > 0.3), on the selection sample, whatever T the runs judge at:
     # α₀ is a mean over queries and falls as T grows (smollm2-135m: 219 of 270 heads at T = 32, 128–145 at 256),
-    # so a threshold at each run's own T moved which heads, and which layers, count (issue 44)
+    # so a threshold at each run's own T moved which heads, and which layers, count
     sink_seq_len: int
     options: tuple[Any, ...] = ()  # one per claim that has options, of its own class (its package's options.py)
     batch_size: int = 4

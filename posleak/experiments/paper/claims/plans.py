@@ -25,10 +25,10 @@ from posleak.experiments.paper.plan import LabBudget, Plan
 QUICK = Plan(
     name="quick",
     sizes={
-        "standard": (256, 16),  # 16 documents per sample, one window each (issue 43: intervals over too few documents)
+        "standard": (256, 16),  # 16 documents per sample, one window each (intervals over too few documents)
         "large-base": (256, 16),
         # 20 of the 22–24 documents a sample holds at T = 640 (above): its C1 and C2 rows were the widest that could
-        # narrow below half their value (issue 43), paid for by the scores and nulls --quick leaves out
+        # narrow below half their value, paid for by the scores and nulls --quick leaves out
         "sliding": (640, 20),
     },
     bootstrap=200,

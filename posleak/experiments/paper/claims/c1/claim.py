@@ -153,7 +153,7 @@ class C1(ClaimModule):
         Revision(
             "2026-12-02",
             "the residual-stream interval must also lie above that of the same magnitude on the same rows with "
-            "their tokens shuffled: a magnitude had had no null beside it (issue 27)",
+            "their tokens shuffled: a magnitude had had no null beside it",
         ),
         ROWS_ESTIMAND,
         HOLM_RULE,
@@ -161,7 +161,7 @@ class C1(ClaimModule):
             "2026-12-03",
             "no token null decides: the shuffle null keeps the causal mask, position 0 and the sinks, the paper's "
             "own mechanism, so the residual-stream component of a layer whose only position is a sink at key 0 "
-            "could never lie above it; the share that the shuffled tokens keep is reported instead (issue 34)",
+            "could never lie above it; the share that the shuffled tokens keep is reported instead",
         ),
         BY_DOCUMENT,
         ACROSS_CORPORA,

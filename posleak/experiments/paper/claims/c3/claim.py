@@ -153,7 +153,7 @@ class C3(ClaimModule):
             "the value at key 0 of all sink heads (α₀ > 0.3) ablated jointly must lower the later layers' "
             "residual-stream magnitude by more than 1% and by more than each control of as many random non-sink "
             "heads (before: one sink head's ablation lowering it at all sufficed, which the run of 2026-11-30 met "
-            "with one head of four while three raised it; issue 11)",
+            "with one head of four while three raised it)",
         ),
         Revision(
             "2026-12-02",
@@ -161,7 +161,7 @@ class C3(ClaimModule):
             "tokenizer allows), decided by the path-specific patch of the sink heads' position-0 key and value "
             "against the same patch in controls, the value ablation reported: the ablation had run on "
             "smollm2-135m alone and also removes the sink's no-op role; the units combine as consistent when "
-            "every unit is, not consistent when more than half are not (issue 27)",
+            "every unit is, not consistent when more than half are not",
         ),
         ROWS_ESTIMAND,
         HOLM_RULE,
@@ -171,7 +171,7 @@ class C3(ClaimModule):
             "verdict of its own outside it; controls matched by layer; heads chosen on a selection sample that "
             "judges nothing: a sink's clock survives the patch, so its 'no change' did not speak against sinks "
             "carrying position, the controls had come from any layer, and the heads had been chosen on the sample "
-            "that judged them (issue 34)",
+            "that judged them",
         ),
         BY_DOCUMENT,
         ACROSS_CORPORA,
@@ -184,7 +184,7 @@ class C3(ClaimModule):
             "heads is reported as untestable and left out of the questions (none left: inconclusive), where it "
             "had counted as inconclusive, so that C3 could not come out consistent wherever a model has no sink "
             "head in one BOS setting; sink heads chosen at one T, the plan's sink_seq_len (256), not at each "
-            "unit's own (gemma3-270m: 640), since α₀ falls with T (issue 44)",
+            "unit's own (gemma3-270m: 640), since α₀ falls with T",
         ),
         Revision(
             "2026-12-06",
@@ -192,7 +192,7 @@ class C3(ClaimModule):
             "it, where its control had been every non-sink head: such a control is matched on nothing, and "
             "smollm2-135m's (119 heads for 142 sink heads, mean clock 0.46 against the sinks' 0.75) raised its "
             "later layers' component by 27%, so its 'sinks lower it more than the control' passed because the "
-            "control disrupts (issue 44)",
+            "control disrupts",
         ),
         Revision(
             "2026-12-06",
@@ -200,7 +200,7 @@ class C3(ClaimModule):
             f"later layers' magnitude by more than {MIN_CLOCK_LOWERING:g}% (a fifth of the squared component, the "
             "low edge of C5's band), where it had to lower it by more than 1%: a removal that leaves 96% of the "
             "component (smollm2-135m's −4% in the full plan of 2026-12-05) does not show that sink heads carry "
-            "it; (b), whether the trajectory read matters at all, keeps 1% (issue 44)",
+            "it; (b), whether the trajectory read matters at all, keeps 1%",
         ),
     )
     family_wise = f"{HOLM}, within each unit and question; the units and questions combine as the criterion says"

@@ -143,7 +143,7 @@ class C4(ClaimModule):
             "window > standard > NTK; a lab decoder trained three ways orders them alike; the lab's NTK base "
             "lowers it by more than 2% (before: NTK lowering it at all, and the sliding model's magnitude growing "
             "with depth, which every model's rise from layer 0 met and which never compared the window with "
-            "standard RoPE; issue 11)",
+            "standard RoPE)",
         ),
         ROWS_ESTIMAND,
         HOLM_RULE,
@@ -151,13 +151,13 @@ class C4(ClaimModule):
             "2026-12-04",
             "the lab lines' intervals over seeds (five, before two), the seeds resampled alike for every variant: "
             "the interval had left out the spread between seeds, so one unreplicated row decided the full run's "
-            "verdict (issue 34)",
+            "verdict",
         ),
         Revision(
             "2026-12-04",
             "the window comparison judged on the queries beyond the window (resid_beyond, W ≤ i < T), both models "
             "at the sliding model's T, in the pretrained and the lab lines (before: resid_all, each model at its "
-            "own T): a window hides key 0 only from those queries (issue 34)",
+            "own T): a window hides key 0 only from those queries",
         ),
         BY_DOCUMENT,
         ACROSS_CORPORA,
@@ -167,13 +167,13 @@ class C4(ClaimModule):
             "models under NTK scaling at inference, the decoder trained with a large base reported as 'large "
             "base'; a lab line tests only where every seed's model has a sink head (α₀ > 0.3) and the seed mean "
             "of resid_all lies above C1's 0.05 nats, otherwise it is untestable and leaves the verdict; the "
-            "claim's verdict joins the samples' and the lab's where it can test (issue 44)",
+            "claim's verdict joins the samples' and the lab's where it can test",
         ),
         Revision(
             "2026-12-06",
             "the sliding model's slope beyond the window fitted on its windowed layers alone, each at its depth in "
             "the stack (before: every layer, one straight line through gemma3-270m's five local layers to one "
-            "global, which mixes the two kinds; issue 44)",
+            "global, which mixes the two kinds)",
         ),
         Revision(
             "2026-12-06",
@@ -181,7 +181,7 @@ class C4(ClaimModule):
             "full plan: bible-web, 20 documents per sample), judged once, and needed for a consistent verdict; "
             "below 4W reported, deciding nothing (before: judged on each sample at the sliding role's T, 640 or "
             "768, where a query beyond the window is at most 256 positions past it and the reach of hidden states "
-            "spans the stack within two layers; --quick does not measure it, for time; issue 44)",
+            "spans the stack within two layers; --quick does not measure it, for time)",
         ),
     )
     method = (

@@ -218,7 +218,7 @@ class C5(ClaimModule):
             "2026-12-03",
             "decided by one replacement, the vocabulary mean, its interval inside 20–60%, random and zero reported "
             "(before: consistent where any of the three replacements' intervals met the band, a forking path across "
-            "three tries; issue 34); all three had run since 2026-11-30, so the mean's interval had been seen",
+            "three tries); all three had run since 2026-11-30, so the mean's interval had been seen",
         ),
         BY_DOCUMENT,
         ACROSS_CORPORA,
@@ -228,7 +228,7 @@ class C5(ClaimModule):
             "replacement takes away, not the % change of its root: the root of a sum mixed a falling key-0 column "
             "with rising other keys; squares add over key 0 and the rest, which are reported beside it with each "
             "change in nats and the loss cost of each replacement; the band 20–60% and the deciding replacement "
-            "unchanged (issue 44)",
+            "unchanged",
         ),
     )
 

@@ -8,7 +8,7 @@ model of the plan's roles whose tokenizer does not prepend a BOS itself, so that
 whether later positions carry the identity of the token at position 0 (the identity probe of
 posleak.measure.position0, K first tokens named before the data), and whether it goes when the sink heads no longer
 read key 0 (`--remove-sink-reads`, docs/method.md §9) by more than when as many matched non-sink heads no longer do
-(issue 44: at T = 32 most heads are sinks, so removing their reads alone nearly cuts position 0 off). The heads are
+(at T = 32 most heads are sinks, so removing their reads alone nearly cuts position 0 off). The heads are
 chosen on the selection sample, which judges nothing.
 """
 
@@ -173,7 +173,7 @@ class C6(ClaimModule):
             "replaced by a probe of position 0's token identity in later positions of models without a BOS, above "
             "chance + 5 points and lowered by more than 5 points when the sink heads' reads of key 0 are removed; "
             "h_0's constancy with a BOS and its change without one hold by construction (position 0 is closed), "
-            "so that check could not fail and is reported (issue 34); written before the probe had run on a "
+            "so that check could not fail and is reported; written before the probe had run on a "
             "built-in model",
         ),
         BY_DOCUMENT,
@@ -185,7 +185,7 @@ class C6(ClaimModule):
             "of as many matched non-sink heads; a model with no sink head, or fewer non-sink heads than sink heads, "
             "is untestable and decides nothing (before: gemma3-270m was probed with its BOS forced off and its "
             "'no sink head' row decided; at T = 32 most heads count as sinks, so the removal had no control); sink "
-            "heads of every claim chosen at one T, the plan's sink_seq_len (256), not at each run's own (issue 44)",
+            "heads of every claim chosen at one T, the plan's sink_seq_len (256), not at each run's own",
         ),
     )
     method = (
