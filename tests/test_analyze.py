@@ -494,15 +494,20 @@ def test_bos_on_without_a_bos_token(tmp_path: Path) -> None:
 # from them exactly (float32 products, float64 sums), so the magnitudes inherit the model's error and add none.
 # A magnitude is a root-mean-square of logit deviations: its error is that of the logits, u-sized relative to the
 # logits' scale, not to the magnitude itself (a small magnitude of a large-logit layer can move by more than u of
-# its own value). Hence: every per-layer magnitude within 4u of the largest value of its column, and every sink
-# score (a probability) within 4u absolute. Measured (T = 64, N = 4): 1.4u and 2.7u at most.
+# its own value). How many u depends on the CPU's bfloat16 kernels, which round the model's intermediate results
+# differently. Measured (T = 64, N = 4, torch 2.13.0+cpu): a 2-core Intel Xeon, magnitudes 1.4u at most and sink
+# scores 2.7u; a 2-core AMD EPYC (AVX512 kernels, 2026-12-07), mask_early 4.9u (mask_all 2.0u, resid_* 1.3u) and
+# sink scores 2.9u. Hence: every per-layer magnitude within 8u of the largest value of its column, and every sink
+# score (a probability) within 4u absolute. (Logits formed in bfloat16 would err by about u times a logit of
+# several nats, tens of u of a magnitude: an estimate, not measured.)
 BF16_U = 2.0**-8
+MAGNITUDE_TOLERANCE_U = 8
 
 
 @pytest.mark.slow
 def test_bfloat16_analysis_of_smollm2_agrees_with_float32_within_its_precision() -> None:
     """The same sequences analysed with the model in float32 and in bfloat16: magnitudes and sink scores agree
-    within 4u of bfloat16 (see above), they are not identical (the bfloat16 forward really ran), and the
+    within a few u of bfloat16 (see above), they are not identical (the bfloat16 forward really ran), and the
     manifest records the dtype."""
     config = AnalyzeConfig(seq_len=64, num_seqs=4, bootstrap=0)
     full = analyze("smollm2-135m", config, progress=False)
@@ -513,7 +518,7 @@ def test_bfloat16_analysis_of_smollm2_agrees_with_float32_within_its_precision()
     differs = 0.0
     for column in ("mask_early", "mask_all", "resid_early", "resid_all"):
         a, b = full.per_layer[column].to_numpy(), half.per_layer[column].to_numpy()
-        assert np.abs(b - a).max() <= 4 * BF16_U * np.abs(a).max(), column
+        assert np.abs(b - a).max() <= MAGNITUDE_TOLERANCE_U * BF16_U * np.abs(a).max(), column
         differs = max(differs, float(np.abs(b - a).max()))
     sink_a, sink_b = full.per_head["sink_score"].to_numpy(), half.per_head["sink_score"].to_numpy()
     assert np.abs(sink_b - sink_a).max() <= 4 * BF16_U
